@@ -1,0 +1,3 @@
+from gpuboot.cli.main import main
+
+main()

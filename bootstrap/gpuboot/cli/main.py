@@ -1,0 +1,173 @@
+"""The gpuboot command line. Parses options, calls the core, renders; maps typed errors
+to exit codes in exactly one place (main)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from gpuboot import __version__
+from gpuboot.config.loader import load_cluster
+from gpuboot.errors import GpubootError, InventoryError
+from gpuboot.phases.catalog import UP
+from gpuboot.phases.select import Selection, select
+from gpuboot.state import ClusterState, state_root
+
+
+class App:
+    def __init__(self, state_dir: str | None) -> None:
+        self.state_dir = state_root(state_dir)
+        self.console = Console(highlight=False)
+        self.err = Console(stderr=True, highlight=False)
+
+
+pass_app = click.make_pass_decorator(App)
+inventory_arg = click.argument("inventory", type=click.Path(dir_okay=False))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpuboot")
+@click.option("--state-dir", envvar="GPUBOOT_STATE_DIR", default=None,
+              help="Where runs and state are kept (default ./.gpuboot).")
+@click.pass_context
+def cli(ctx: click.Context, state_dir: str | None) -> None:
+    """Bare-metal GPU Kubernetes clusters from an Ansible inventory."""
+    ctx.obj = App(state_dir)
+
+
+@cli.command()
+@inventory_arg
+@click.option("--check-files", is_flag=True, help="Also check that referenced key, CA and credential files exist.")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text")
+@pass_app
+def validate(app: App, inventory: str, check_files: bool, output: str) -> None:
+    """Check an inventory completely, without touching any host."""
+    cluster = load_cluster(inventory, check_files=check_files)
+    if output == "json":
+        click.echo(json.dumps({"valid": True, "cluster": cluster.settings.cluster_name,
+                               "nodes": len(cluster.nodes)}))
+        return
+    roles: dict[str, int] = {}
+    for node in cluster.cluster_nodes:
+        roles[node.role] = roles.get(node.role, 0) + 1
+    summary = ", ".join(f"{count} {role.replace('_', ' ')}" for role, count in sorted(roles.items()))
+    app.console.print(f"[green]valid[/] {inventory}: cluster {cluster.settings.cluster_name}, "
+                      f"release {cluster.settings.release}, {summary}")
+
+
+def _selection_options(func):
+    for decorator in reversed([
+        click.option("--from", "from_phase", metavar="PHASE", help="Start at this phase."),
+        click.option("--to", "to_phase", metavar="PHASE", help="Stop after this phase."),
+        click.option("--only", multiple=True, metavar="PHASE", help="Run only these phases (repeatable)."),
+        click.option("--skip", multiple=True, metavar="PHASE", help="Leave out these phases (repeatable)."),
+    ]):
+        func = decorator(func)
+    return func
+
+
+@cli.command()
+@inventory_arg
+@_selection_options
+@click.option("--check", is_flag=True, help="Run Ansible in check mode with diff against the hosts.")
+@click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text")
+@pass_app
+def plan(app: App, inventory: str, from_phase, to_phase, only, skip, check: bool,
+         insecure_skip_host_key_check: bool, output: str) -> None:
+    """Show, per phase and host, what `up` would run."""
+    from gpuboot.phases.planning import describe
+    cluster = load_cluster(inventory)
+    phases = select(UP, Selection(from_phase, to_phase, tuple(only), tuple(skip)))
+    state = ClusterState.for_cluster(app.state_dir, cluster.settings.cluster_name)
+    rows = describe(cluster, phases, state)
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        for row in rows:
+            app.console.print(f"[bold]{row['phase']}[/] ({row['title']}) -> {row['playbook']}: {row['action']}")
+            for host in row["hosts"]:
+                app.console.print(f"    {host}")
+    if check:
+        _run(app, cluster, phases, output, check=True, diff=True, force=True,
+             host_key_checking=not insecure_skip_host_key_check, command="plan --check")
+
+
+@cli.command()
+@inventory_arg
+@_selection_options
+@click.option("--force", is_flag=True, help="Run phases even when they are up to date.")
+@click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text")
+@click.option("-v", "--verbose", count=True, help="More Ansible detail in the run's stdout artifact.")
+@pass_app
+def up(app: App, inventory: str, from_phase, to_phase, only, skip, force: bool,
+       insecure_skip_host_key_check: bool, output: str, verbose: int) -> None:
+    """Bring a cluster to the desired state. Safe to re-run: that is the resume."""
+    cluster = load_cluster(inventory, check_files=True)
+    phases = select(UP, Selection(from_phase, to_phase, tuple(only), tuple(skip)))
+    _run(app, cluster, phases, output, check=False, diff=False, force=force,
+         host_key_checking=not insecure_skip_host_key_check, command="up", verbosity=verbose)
+
+
+def _run(app: App, cluster, phases, output: str, *, check: bool, diff: bool, force: bool,
+         host_key_checking: bool, command: str, verbosity: int = 0) -> None:
+    from gpuboot.phases.engine import Engine, RunOptions, raise_for
+    from gpuboot.ui.console import ConsoleProgress, JsonLines
+    if not host_key_checking:
+        app.err.print("[yellow]warning: SSH host-key checking is OFF for this run "
+                      "(--insecure-skip-host-key-check)[/]")
+    sink = JsonLines() if output == "json" else ConsoleProgress(app.console)
+    state = ClusterState.for_cluster(app.state_dir, cluster.settings.cluster_name)
+    options = RunOptions(command=command, check=check, diff=diff, force=force,
+                         host_key_checking=host_key_checking, verbosity=verbosity)
+    finished = Engine(cluster, state, options, sink).run(phases)
+    raise_for(finished)
+
+
+@cli.command()
+@inventory_arg
+@click.option("--output", type=click.Choice(["text", "json"]), default="text")
+@pass_app
+def status(app: App, inventory: str, output: str) -> None:
+    """Show the last runs and what each phase did."""
+    cluster = load_cluster(inventory)
+    data = ClusterState.for_cluster(app.state_dir, cluster.settings.cluster_name).load()
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+        return
+    app.console.print(f"[bold]cluster {cluster.settings.cluster_name}[/]")
+    for phase in UP:
+        rec = data["phases"].get(phase.name)
+        text = f"{rec['status']} at {rec['at']} (run {rec['run_id']}, {rec['changed']} changed)" if rec else "never run"
+        app.console.print(f"  {phase.name:20} {text}")
+    for run in data["runs"][-10:]:
+        app.console.print(f"  run {run['run_id']}: {run['command']} {run['status']} "
+                          f"({', '.join(run['phases']) or 'no phases run'}; {run['seconds']}s)")
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except InventoryError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except GpubootError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+def register(command: click.Command) -> None:
+    cli.add_command(command)

@@ -1,0 +1,179 @@
+"""Checks that need more than one field: topology, addresses, references, secrets."""
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from ipaddress import IPv4Address, ip_address
+from pathlib import Path
+from typing import Any
+
+from gpuboot.config.inventory import RawInventory, Where
+from gpuboot.config.model import DNS_LABEL, SECRET_KEY, GpubootSettings, Node
+from gpuboot.errors import Problem
+
+SSH_PASSWORD_VARS = {"ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
+                     "ansible_become_password", "ansible_become_pass", "ansible_sudo_pass"}
+SECRET_MARKERS = ("-----BEGIN", "$ANSIBLE_VAULT")
+CLUSTER_GROUPS = ("control_plane", "workers")
+
+
+def inline_secrets(data: Any, where: Where, prefix: str, path: tuple = ()) -> list[Problem]:
+    """Secrets must be referenced by file, never written into the inventory."""
+    found: list[Problem] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            here = (*path, key)
+            dotted = ".".join(str(p) for p in (prefix, *here))
+            if SECRET_KEY.search(str(key)) and not str(key).endswith("_file"):
+                found.append(Problem(where.file, where.child(*here).line, dotted,
+                                     "a secret is written inline",
+                                     f"put it in a file only you can read and reference it as {key}_file"))
+                continue
+            found += inline_secrets(value, where, prefix, here)
+    elif isinstance(data, list):
+        for index, item in enumerate(data):
+            found += inline_secrets(item, where, prefix, (*path, index))
+    elif isinstance(data, str) and any(m in data for m in SECRET_MARKERS):
+        dotted = ".".join(str(p) for p in (prefix, *path))
+        found.append(Problem(where.file, where.child(*path).line, dotted,
+                             "key material or a vaulted secret is written inline",
+                             "put it in a file only you can read and reference it with a *_file key"))
+    return found
+
+
+def groups_and_nodes(inv: RawInventory, nodes: list[Node]) -> list[Problem]:
+    problems: list[Problem] = []
+    file = str(inv.path)
+    cps = [n for n in nodes if "control_plane" in n.groups]
+    if "gpu_workers" in inv.groups and "workers" not in inv.ancestors("gpu_workers"):
+        problems.append(Problem(file, None, "gpu_workers", "gpu_workers must be a child group of workers",
+                                "move gpu_workers under workers.children"))
+    if not cps:
+        problems.append(Problem(file, None, "control_plane", "no control-plane hosts",
+                                "add 1, 3 or 5 hosts to the control_plane group"))
+    elif len(cps) % 2 == 0:
+        first = cps[0]
+        problems.append(Problem(first.file, first.line, "control_plane",
+                                f"{len(cps)} control-plane hosts: etcd needs an odd number for quorum",
+                                f"use {len(cps) - 1} or {len(cps) + 1} control-plane hosts"))
+    by_lower: dict[str, list[Node]] = defaultdict(list)
+    for node in nodes:
+        by_lower[node.name.lower()].append(node)
+        in_cluster = node.groups & set(CLUSTER_GROUPS)
+        if in_cluster and not re.match(DNS_LABEL, node.name.split(".")[0]):
+            problems.append(Problem(node.file, node.line, node.name,
+                                    "host name is not a valid Kubernetes node name",
+                                    "use lowercase letters, digits and '-' (e.g. gpu-node-01)"))
+        if {"control_plane", "workers"} <= node.groups:
+            problems.append(Problem(node.file, node.line, node.name,
+                                    "host is in both control_plane and workers",
+                                    "a node is either a control plane or a worker; remove it from one group"))
+        gpu_here = node.settings.gpu is not None
+        if gpu_here and "gpu_workers" not in node.groups:
+            problems.append(Problem(node.file, node.line, f"{node.name}.gpuboot_node.gpu",
+                                    "GPU settings on a host that is not in gpu_workers",
+                                    "move the host into gpu_workers, or remove its gpu settings"))
+        if node.settings.nics and "workers" not in node.groups:
+            problems.append(Problem(node.file, node.line, f"{node.name}.gpuboot_node.nics",
+                                    "RDMA/SR-IOV NICs on a host that is not a worker",
+                                    "NIC settings belong on workers (usually gpu_workers)"))
+        resources = [nic.resource_name for nic in node.settings.nics]
+        for dup in sorted({r for r in resources if resources.count(r) > 1}):
+            problems.append(Problem(node.file, node.line, f"{node.name}.gpuboot_node.nics",
+                                    f"resource_name {dup} is used by two NICs",
+                                    "give each NIC its own resource_name"))
+    for name, same in by_lower.items():
+        if len(same) > 1:
+            problems.append(Problem(same[1].file, same[1].line, same[1].name,
+                                    f"duplicate host name: {', '.join(n.name for n in same)} are one name to DNS and Kubernetes",
+                                    "rename one of them"))
+    by_address: dict[tuple[str, int], list[Node]] = defaultdict(list)
+    for node in nodes:
+        if node.groups & set(CLUSTER_GROUPS):
+            by_address[(node.address, node.port)].append(node)
+    for (address, _), same in by_address.items():
+        if len(same) > 1:
+            problems.append(Problem(same[1].file, same[1].line, f"{same[1].name}.ansible_host",
+                                    f"address {address} is also used by {same[0].name}",
+                                    "give every node its own ansible_host"))
+    return problems
+
+
+def _ip(value: str) -> IPv4Address | None:
+    try:
+        address = ip_address(value)
+    except ValueError:
+        return None
+    return address if isinstance(address, IPv4Address) else None
+
+
+def addresses(settings: GpubootSettings, nodes: list[Node], where: Where) -> list[Problem]:
+    problems: list[Problem] = []
+    net = settings.networking
+    vip = settings.control_plane.vip
+    line_pod = where.child("networking", "pod_cidr").line
+    if net.pod_cidr.overlaps(net.service_cidr):
+        problems.append(Problem(where.file, line_pod, "gpuboot.networking",
+                                f"pod_cidr {net.pod_cidr} overlaps service_cidr {net.service_cidr}",
+                                "choose networks that do not overlap, e.g. 10.244.0.0/16 and 10.96.0.0/12"))
+    for field, cidr in (("pod_cidr", net.pod_cidr), ("service_cidr", net.service_cidr)):
+        if vip in cidr:
+            problems.append(Problem(where.file, where.child("control_plane", "vip").line,
+                                    "gpuboot.control_plane.vip",
+                                    f"VIP {vip} is inside the {field} {cidr}",
+                                    "use an address on the nodes' own network"))
+        for node in nodes:
+            addr = _ip(node.address)
+            if addr is not None and addr in cidr and node.groups & set(CLUSTER_GROUPS):
+                problems.append(Problem(node.file, node.line, f"{node.name}.ansible_host",
+                                        f"node address {addr} is inside the {field} {cidr}",
+                                        f"choose a {field} that does not contain the node network"))
+    for node in nodes:
+        if _ip(node.address) == vip:
+            problems.append(Problem(node.file, node.line, f"{node.name}.ansible_host",
+                                    f"node address {vip} is the control-plane VIP",
+                                    "the VIP must be a free address, not a node's"))
+    return problems
+
+
+def _resolve(path: str, inventory_dir: Path) -> Path:
+    p = Path(os.path.expanduser(path))
+    return p if p.is_absolute() else inventory_dir / p
+
+
+def references(settings: GpubootSettings, nodes: list[Node], where: Where, inv: RawInventory,
+               *, check_files: bool) -> list[Problem]:
+    problems: list[Problem] = []
+    jump = settings.ssh.jump_host
+    if jump:
+        bastions = {n.name for n in nodes if "bastion" in n.groups}
+        if jump not in bastions and _ip(jump) is None:
+            problems.append(Problem(where.file, where.child("ssh", "jump_host").line, "gpuboot.ssh.jump_host",
+                                    f"jump host {jump!r} is neither a host in the bastion group nor an IP address",
+                                    f"add it to the bastion group{' (have: ' + ', '.join(sorted(bastions)) + ')' if bastions else ''}"))
+    if not check_files:
+        return problems
+    refs = [(("ssh", "private_key_file"), settings.ssh.private_key_file),
+            (("mirror", "ca_file"), settings.mirror.ca_file),
+            (("mirror", "credentials_file"), settings.mirror.credentials_file)]
+    if settings.gitops:
+        refs.append((("gitops", "credentials_file"), settings.gitops.credentials_file))
+    for path, value in refs:
+        if value and not _resolve(value, inv.path.parent).is_file():
+            problems.append(Problem(where.file, where.child(*path).line, "gpuboot." + ".".join(path),
+                                    f"file {value} does not exist",
+                                    "create it, or fix the path (relative paths start at the inventory's folder)"))
+    return problems
+
+
+def tenants(settings: GpubootSettings, where: Where) -> list[Problem]:
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+    for index, tenant in enumerate(settings.tenants):
+        if tenant.name in seen:
+            problems.append(Problem(where.file, where.child("tenants", index).line, f"gpuboot.tenants[{index}].name",
+                                    f"tenant {tenant.name} is defined twice (also tenants[{seen[tenant.name]}])",
+                                    "merge them or rename one"))
+        seen.setdefault(tenant.name, index)
+    return problems

@@ -1,0 +1,189 @@
+"""The typed model of a gpuboot cluster: the `gpuboot` variable and per-node settings.
+
+Defaults here must equal playbooks/group_vars/all/gpuboot_defaults.yml, which plain
+ansible-playbook runs use; a unit test keeps the two in step.
+"""
+from __future__ import annotations
+
+import re
+from ipaddress import IPv4Address, IPv4Network
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# Kubernetes extended resource name, e.g. nvidia.com/rdma_shared_a or rdma/cx7.
+RESOURCE_NAME = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+PCI_ADDRESS = r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+HOST_PORT = r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?$"
+
+DnsLabel = Annotated[str, Field(pattern=DNS_LABEL)]
+Quantity = Annotated[str, Field(pattern=QUANTITY)]
+FilePath = Annotated[str, Field(min_length=1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ControlPlaneEndpoint(Strict):
+    vip: IPv4Address
+    port: int = Field(6443, ge=1, le=65535)
+    mode: Literal["keepalived_haproxy", "kube_vip", "external"] = "keepalived_haproxy"
+    dns_name: str | None = None
+    interface: str | None = None
+    virtual_router_id: int = Field(51, ge=1, le=255)
+
+
+class Networking(Strict):
+    pod_cidr: IPv4Network = IPv4Network("10.244.0.0/16")
+    service_cidr: IPv4Network = IPv4Network("10.96.0.0/12")
+    dns_domain: str = "cluster.local"
+
+    @field_validator("pod_cidr", "service_cidr", mode="before")
+    @classmethod
+    def _network_not_host(cls, value: object) -> object:
+        # IPv4Network rejects host bits with a vague message; say what to write instead.
+        if isinstance(value, str) and "/" in value:
+            try:
+                IPv4Network(value)
+            except ValueError as exc:
+                if "host bits set" in str(exc):
+                    fixed = IPv4Network(value, strict=False)
+                    raise ValueError(f"{value} has host bits set; did you mean {fixed}?") from None
+        return value
+
+
+class Ssh(Strict):
+    user: str = "root"
+    private_key_file: FilePath | None = None
+    port: int = Field(22, ge=1, le=65535)
+    jump_host: str | None = None
+    host_key_checking: bool = True
+
+
+class Mirror(Strict):
+    air_gapped: bool = False
+    registry: Annotated[str, Field(pattern=HOST_PORT)] | None = None
+    ca_file: FilePath | None = None
+    credentials_file: FilePath | None = None
+    packages_url: str | None = None
+
+    @model_validator(mode="after")
+    def _registry_when_air_gapped(self) -> "Mirror":
+        if self.air_gapped and not self.registry:
+            raise ValueError("air_gapped is true but no mirror registry is set")
+        return self
+
+
+class GitOps(Strict):
+    repo_url: str
+    branch: str = "main"
+    path: str = "clusters"
+    credentials_file: FilePath | None = None
+
+
+class TenantQuota(Strict):
+    gpu: int = Field(0, ge=0)
+    cpu: Quantity = "0"
+    memory: Quantity = "0"
+
+
+class Tenant(Strict):
+    name: DnsLabel
+    quota: TenantQuota = TenantQuota()
+    groups: list[str] = []
+    priority_class: DnsLabel | None = None
+
+
+class GpubootSettings(Strict):
+    cluster_name: DnsLabel
+    release: str
+    control_plane: ControlPlaneEndpoint
+    networking: Networking = Networking()
+    ssh: Ssh = Ssh()
+    mirror: Mirror = Mirror()
+    gitops: GitOps | None = None
+    tenants: list[Tenant] = []
+
+
+class GpuSettings(Strict):
+    mig_strategy: Literal["none", "single", "mixed"] = "none"
+    mig_profile: str | None = None
+    time_slicing_replicas: int | None = Field(None, ge=2, le=64)
+
+    @model_validator(mode="after")
+    def _profile_needs_strategy(self) -> "GpuSettings":
+        if self.mig_profile and self.mig_strategy == "none":
+            raise ValueError("mig_profile is set but mig_strategy is none; set mig_strategy to single or mixed")
+        return self
+
+
+class Nic(Strict):
+    name: DnsLabel
+    pf_names: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,15}$")]] = []
+    pci_addresses: list[Annotated[str, Field(pattern=PCI_ADDRESS)]] = []
+    num_vfs: int = Field(0, ge=0, le=256)
+    link_type: Literal["eth", "ib"] = "eth"
+    resource_name: Annotated[str, Field(pattern=RESOURCE_NAME)]
+    rdma: bool = True
+    device_type: Literal["netdevice", "vfio-pci"] = "netdevice"
+
+    @model_validator(mode="after")
+    def _selects_something(self) -> "Nic":
+        if not self.pf_names and not self.pci_addresses:
+            raise ValueError("a NIC needs pf_names or pci_addresses to select its ports")
+        return self
+
+
+class NodeSettings(Strict):
+    gpu: GpuSettings | None = None
+    nics: list[Nic] = []
+
+
+class Node(BaseModel):
+    """A host as gpuboot sees it after reading the inventory."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    address: str
+    port: int
+    groups: frozenset[str]
+    settings: NodeSettings = NodeSettings()
+    file: str
+    line: int | None = None
+
+    @property
+    def role(self) -> str:
+        if "control_plane" in self.groups:
+            return "control_plane"
+        if "gpu_workers" in self.groups:
+            return "gpu_worker"
+        if "workers" in self.groups:
+            return "worker"
+        return next(iter(sorted(self.groups)), "ungrouped")
+
+
+class Cluster(BaseModel):
+    """A validated inventory: settings, nodes, and where it came from."""
+
+    model_config = ConfigDict(frozen=True)
+    inventory: str
+    settings: GpubootSettings
+    nodes: tuple[Node, ...]
+    source_files: tuple[str, ...]
+
+    def in_group(self, group: str) -> list[Node]:
+        return [n for n in self.nodes if group in n.groups]
+
+    @property
+    def control_planes(self) -> list[Node]:
+        return self.in_group("control_plane")
+
+    @property
+    def cluster_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.groups & {"control_plane", "workers"}]
+
+
+SECRET_KEY = re.compile(r"(password|passwd|secret|token|private_key$|certificate_key|api_key|access_key)", re.I)

@@ -1,0 +1,46 @@
+"""The known-good version matrix: mirror/releases/<name>.yml."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuboot import content
+from gpuboot.errors import MatrixError
+
+
+class Component(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    version: str
+
+
+class Release(BaseModel):
+    """Only the fields Python needs; the playbooks read the whole file."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str
+    kubernetes: Component
+    containerd: Component
+    supported_os: list[str]
+
+
+def available(releases_dir: Path | None = None) -> list[str]:
+    base = releases_dir or content.releases_dir()
+    return sorted(p.stem for p in base.glob("*.yml"))
+
+
+def load(name: str, releases_dir: Path | None = None) -> Release:
+    base = releases_dir or content.releases_dir()
+    path = base / f"{name}.yml"
+    if not path.is_file():
+        raise MatrixError(f"release '{name}' is not in the version matrix",
+                          hint=f"choose one of: {', '.join(available(base)) or '(none)'}")
+    data = yaml.safe_load(path.read_text()) or {}
+    body = data.get("gpuboot_release") if isinstance(data, dict) else None
+    if not isinstance(body, dict):
+        raise MatrixError(f"{path}: the top-level key must be gpuboot_release")
+    try:
+        return Release.model_validate(body)
+    except ValidationError as exc:
+        raise MatrixError(f"{path}: {exc}") from None

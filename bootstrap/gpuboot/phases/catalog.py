@@ -1,0 +1,56 @@
+"""Phases are data: a name, a playbook under playbooks/, the hosts it targets, its tags.
+
+A phase's playbook is the single source of truth for whether it is built yet: a
+placeholder playbook sets `gpuboot_phase_not_implemented` and fails loudly."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gpuboot import content
+
+NOT_IMPLEMENTED_MARKER = "gpuboot_phase_not_implemented"
+CLUSTER = "control_plane:workers"
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    title: str
+    playbook: str
+    hosts: str
+    tags: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> Path:
+        return content.playbook(self.playbook)
+
+    @property
+    def implemented(self) -> bool:
+        plays = yaml.safe_load(self.path.read_text()) or []
+        return not any(NOT_IMPLEMENTED_MARKER in (play.get("vars") or {}) for play in plays)
+
+
+UP: tuple[Phase, ...] = (
+    Phase("preflight", "Preflight checks", "preflight.yml", CLUSTER, ("preflight",)),
+    Phase("os_prep", "OS preparation", "os_prep.yml", CLUSTER, ("os_prep",)),
+    Phase("container_runtime", "Container runtime (containerd)", "container_runtime.yml", CLUSTER, ("containerd",)),
+    Phase("kube_packages", "Pinned kubeadm, kubelet, kubectl", "kube_packages.yml", CLUSTER, ("kube_packages",)),
+    Phase("ha_endpoint", "HA API endpoint (VIP)", "ha_endpoint.yml", "control_plane", ("ha_endpoint",)),
+    Phase("control_plane_init", "First control plane (kubeadm init)", "control_plane_init.yml", "control_plane[0]", ("kubeadm",)),
+    Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml", "control_plane[1:]", ("kubeadm",)),
+    Phase("workers_join", "Worker joins", "workers_join.yml", "workers", ("kubeadm",)),
+    Phase("cni", "Calico (tigera-operator)", "cni.yml", "control_plane[0]", ("cni",)),
+    Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml", "control_plane[0]", ("gpu",)),
+    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", "control_plane[0]", ("network",)),
+    Phase("validate", "Cluster validation", "validate.yml", "control_plane[0]", ("validate",)),
+    Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", "control_plane[0]", ("gitops",)),
+)
+
+CATALOGS = {"up": UP}
+
+
+def by_name(catalog: tuple[Phase, ...]) -> dict[str, Phase]:
+    return {p.name: p for p in catalog}
