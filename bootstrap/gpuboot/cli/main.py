@@ -150,6 +150,7 @@ def status(app: App, inventory: str, output: str) -> None:
 
 
 def main() -> None:
+    import gpuboot.cli.lab  # noqa: F401  (registers `gpuboot lab`)
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:

@@ -1,0 +1,62 @@
+"""`gpuboot lab ...`: the local test hosts."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from gpuboot.cli.main import App, cli, pass_app
+
+
+def _lab(app: App):
+    from gpuboot.lab.cluster import Lab
+    return Lab(app.state_dir / "lab", log=lambda msg: app.console.print(f"[dim]{msg}[/]"))
+
+
+@cli.group()
+def lab() -> None:
+    """Real local test hosts: systemd containers with sshd on a fenced network."""
+
+
+@lab.command("up")
+@click.option("--name", default="lab", show_default=True, help="Lab name (hosts are NAME-cp1, ...).")
+@click.option("--control-planes", default=3, show_default=True, type=click.IntRange(1, 7))
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(0, 200))
+@click.option("--gpu-workers", default=1, show_default=True, type=click.IntRange(0, 200))
+@click.option("--subnet", default="10.213.0.0/24", show_default=True)
+@click.option("--flavour", type=click.Choice(["plain", "containerd"]), default="plain", show_default=True,
+              help="containerd: privileged nodes with their own /var/lib/containerd.")
+@click.option("--release", default="k8s-1.34", show_default=True)
+@click.option("--inventory", "inventory", default="inventories/lab/inventory.yml", show_default=True,
+              type=click.Path(dir_okay=False))
+@pass_app
+def lab_up(app: App, name, control_planes, workers, gpu_workers, subnet, flavour, release, inventory) -> None:
+    """Create the lab and write its inventory."""
+    from gpuboot.lab.cluster import LabSpec
+    spec = LabSpec(name, control_planes, workers, gpu_workers, subnet, flavour, release)
+    state = _lab(app).up(spec, Path(inventory).resolve())
+    app.console.print(f"[green]lab {name} up[/]: {len(state.containers)} nodes; inventory {inventory}")
+
+
+@lab.command("down")
+@click.option("--name", default="lab", show_default=True)
+@pass_app
+def lab_down(app: App, name: str) -> None:
+    """Remove everything the lab created, and nothing else."""
+    removed = _lab(app).down(name)
+    app.console.print(f"removed {len(removed)} things" + "".join(f"\n  {r}" for r in removed))
+
+
+@lab.command("status")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text")
+@pass_app
+def lab_status(app: App, output: str) -> None:
+    """Show the lab's nodes."""
+    rows = _lab(app).status()
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+    elif not rows:
+        app.console.print("no lab")
+    for row in rows if output == "text" else []:
+        app.console.print(f"  {row['host']:14} {row['address']:15} {row['state']}")

@@ -1,0 +1,90 @@
+"""The apt cache on the lab's gateway: the only way lab nodes reach Debian packages."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from gpuboot.errors import LabError
+from gpuboot.lab.image import debian_sources
+
+PORT = 3142
+
+
+def _backend(uri: str) -> tuple[str, str]:
+    """('deb.example/debian', 'http://deb.example/debian/') for a sources URI."""
+    bare = uri.split("://", 1)[-1].rstrip("/")
+    return bare, uri.rstrip("/") + "/"
+
+
+def write_config(conf_dir: Path, bind: str) -> Path:
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    (conf_dir / "cache").mkdir(exist_ok=True)
+    (conf_dir / "log").mkdir(exist_ok=True)
+    lines = debian_sources()
+    main = lines[0].split()[1]
+    security = next((line.split()[1] for line in lines if "-security" in line), None)
+    match, backend = _backend(main)
+    # Pin the backends to the mirrors this host uses: acng's own default does not resolve here.
+    text = [
+        f"CacheDir: {conf_dir / 'cache'}",
+        f"LogDir: {conf_dir / 'log'}",
+        f"SocketPath: {conf_dir / 'acng.sock'}",
+        f"PidFile: {conf_dir / 'acng.pid'}",
+        f"Port: {PORT}",
+        f"BindAddress: {bind}",
+        "ForeGround: 1",
+        "ExThreshold: 30",
+        f"Remap-debrep: {match} /debian ; {backend}",
+    ]
+    if security:
+        smatch, sbackend = _backend(security)
+        text.append(f"Remap-secdeb: {smatch} /debian-security ; {sbackend}")
+    (conf_dir / "acng.conf").write_text("\n".join(text) + "\n")
+    return conf_dir
+
+
+def start(conf_dir: Path, bind: str) -> int:
+    if shutil.which("apt-cacher-ng") is None:
+        raise LabError("apt-cacher-ng is not installed", hint="apt-get install apt-cacher-ng")
+    with socket.socket() as probe:
+        # A bind test, not a connect: connects can be answered by a transparent proxy.
+        try:
+            probe.bind((bind, PORT))
+        except OSError as exc:
+            raise LabError(f"cannot listen on {bind}:{PORT}: {exc.strerror}",
+                           hint="stop whatever listens there, or run `gpuboot lab down` for an old lab") from None
+    write_config(conf_dir, bind)
+    log = open(conf_dir / "log" / "stdout.log", "ab")
+    proc = subprocess.Popen(["apt-cacher-ng", "-c", str(conf_dir)], stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LabError(f"apt-cacher-ng exited at start; see {conf_dir / 'log'}")
+        if f"{bind}:{PORT}" in subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout:
+            return proc.pid
+        time.sleep(0.1)
+    raise LabError(f"apt-cacher-ng did not listen on {bind}:{PORT} within 10 s")
+
+
+def stop(pid: int | None) -> None:
+    """Stop the cache by PID, and only if that PID is still apt-cacher-ng."""
+    if not pid:
+        return
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return
+    if b"apt-cacher-ng" not in cmdline:
+        return
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(50):
+        if not Path(f"/proc/{pid}").exists():
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)

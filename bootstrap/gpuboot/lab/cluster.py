@@ -1,0 +1,262 @@
+"""`gpuboot lab up|down|status`: systemd containers with real sshd on a fenced network,
+and an inventory for them that `gpuboot validate` accepts."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from ipaddress import IPv4Network, ip_network
+from pathlib import Path
+
+import yaml
+
+from gpuboot.errors import LabError
+from gpuboot.lab import aptcache, firewall
+from gpuboot.lab.image import ensure_image
+from gpuboot.lab.podman import Podman
+
+LABEL = "io.gpuboot.lab"
+DEFAULT_CACHE = Path.home() / ".cache" / "gpuboot" / "lab"
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    name: str = "lab"
+    control_planes: int = 3
+    workers: int = 2
+    gpu_workers: int = 1
+    subnet: str = "10.213.0.0/24"
+    flavour: str = "plain"  # plain | containerd (privileged, own /var/lib/containerd)
+    release: str = "k8s-1.34"
+
+    def nodes(self) -> list[tuple[str, str]]:
+        """(host name, group) in inventory order."""
+        return ([(f"{self.name}-cp{i}", "control_plane") for i in range(1, self.control_planes + 1)]
+                + [(f"{self.name}-w{i}", "workers") for i in range(1, self.workers + 1)]
+                + [(f"{self.name}-gpu{i}", "gpu_workers") for i in range(1, self.gpu_workers + 1)])
+
+
+@dataclass
+class LabState:
+    spec: LabSpec
+    status: str = "creating"
+    network: str = ""
+    containers: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)
+    acng_pid: int | None = None
+    inventory: str = ""
+    addresses: dict[str, str] = field(default_factory=dict)
+
+
+class Lab:
+    def __init__(self, lab_dir: Path, cache_dir: Path = DEFAULT_CACHE, log=print) -> None:
+        self.dir = lab_dir
+        self.cache_dir = cache_dir
+        self.log = log
+        self.podman = Podman(cache_dir)
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "lab.json"
+
+    def load(self) -> LabState | None:
+        if not self.state_file.exists():
+            return None
+        raw = json.loads(self.state_file.read_text())
+        return LabState(spec=LabSpec(**raw.pop("spec")), **raw)
+
+    def _save(self, state: LabState) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.state_file.write_text(json.dumps(asdict(state), indent=2))
+
+    # -- up ---------------------------------------------------------------------------
+    def _check_free(self, spec: LabSpec, subnet: IPv4Network) -> None:
+        if len(spec.nodes()) > subnet.num_addresses - 10:
+            raise LabError(f"{len(spec.nodes())} nodes do not fit in {subnet}", hint="pass a larger --subnet")
+        routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+        for line in routes.splitlines():
+            dest = line.split()[0]
+            if dest == "default":
+                continue
+            try:
+                net = ip_network(dest, strict=False)
+            except ValueError:
+                continue
+            if net.overlaps(subnet):
+                raise LabError(f"subnet {subnet} overlaps {net}, which is already in use on this machine",
+                               hint="pass another --subnet, or run `gpuboot lab down` if it is an old lab")
+        network = f"gpuboot-{spec.name}"
+        if self.podman.exists("network", network):
+            raise LabError(f"podman network {network} already exists (a half-finished earlier lab?)",
+                           hint=f"run `gpuboot lab down --name {spec.name}` first")
+
+    def up(self, spec: LabSpec, inventory_path: Path) -> LabState:
+        existing = self.load()
+        if existing is not None:
+            if existing.status == "up":
+                raise LabError(f"lab {spec.name} is already up ({len(existing.containers)} nodes)",
+                               hint="use it, or run `gpuboot lab down` first")
+            raise LabError(f"an earlier `lab up` for {spec.name} did not finish",
+                           hint="run `gpuboot lab down` to clean it up, then `gpuboot lab up` again")
+        subnet = ip_network(spec.subnet)
+        self._check_free(spec, subnet)
+        image = ensure_image(self.podman, self.cache_dir, self.log)
+        state = LabState(spec=spec, network=f"gpuboot-{spec.name}")
+        self._save(state)  # from here on, `lab down` can clean up whatever exists
+        key = self._ssh_key()
+        hosts = list(subnet.hosts())
+        gateway = str(hosts[0])
+        self.podman.run("network", "create", "--subnet", str(subnet), "--gateway", gateway,
+                        "--disable-dns", "--label", f"{LABEL}={spec.name}", state.network)
+        firewall.install(spec.name, subnet)
+        nodes = spec.nodes()
+        state.addresses = {name: str(hosts[10 + i]) for i, (name, _) in enumerate(nodes)}
+        add_hosts = [arg for name, ip in state.addresses.items() for arg in ("--add-host", f"{name}:{ip}")]
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(lambda n: self._run_node(state, image, key, n, add_hosts), [n for n, _ in nodes]))
+        self._save(state)
+        # The bridge exists once the first node runs; the cache listens on its gateway.
+        state.acng_pid = aptcache.start(self.dir / "apt-cache", gateway)
+        self._save(state)
+        known_hosts = self._wait_for_ssh(state)
+        self.log(f"{len(nodes)} nodes answer SSH after {time.monotonic() - t0:.1f}s")
+        state.inventory = str(inventory_path)
+        write_inventory(spec, state, inventory_path, key, known_hosts, gateway)
+        state.status = "up"
+        self._save(state)
+        return state
+
+    def _ssh_key(self) -> Path:
+        key = self.dir / "id_ed25519"
+        if not key.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuboot-lab", "-f", str(key)],
+                           check=True)
+        authorized = self.dir / "authorized_keys"
+        authorized.write_text(Path(f"{key}.pub").read_text())
+        authorized.chmod(0o644)
+        return key
+
+    def _run_node(self, state: LabState, image: str, key: Path, name: str, add_hosts: list[str]) -> None:
+        spec = state.spec
+        container = f"gpuboot-{spec.name}-{name.removeprefix(spec.name + '-')}"
+        args = ["run", "-d", "--name", container, "--hostname", name, "--label", f"{LABEL}={spec.name}",
+                "--network", state.network, "--ip", state.addresses[name], "--dns=none", *add_hosts,
+                "--systemd=always", "--sysctl", "net.ipv4.ip_nonlocal_bind=1", "--sysctl", "net.ipv4.ip_forward=1",
+                "-v", f"{self.dir / 'authorized_keys'}:/root/.ssh/authorized_keys:ro",
+                "-v", f"{self.dir / 'authorized_keys'}:/home/gpuboot/.ssh/authorized_keys:ro"]
+        if spec.flavour == "containerd":
+            volume = f"{container}-containerd"
+            self.podman.run("volume", "create", "--label", f"{LABEL}={spec.name}", volume)
+            state.volumes.append(volume)
+            args += ["--privileged", "-v", f"{volume}:/var/lib/containerd", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+        else:
+            args += ["--cap-add", "SYS_ADMIN,NET_ADMIN,NET_RAW"]
+        state.containers.append(container)
+        self.podman.run(*args, image)
+
+    def _wait_for_ssh(self, state: LabState, timeout: float = 180) -> Path:
+        deadline = time.monotonic() + timeout
+        pending = dict(state.addresses)
+        keys: dict[str, str] = {}
+        while pending and time.monotonic() < deadline:
+            for name, ip in list(pending.items()):
+                with socket.socket() as probe:
+                    probe.settimeout(0.5)
+                    if probe.connect_ex((ip, 22)) != 0:
+                        continue
+                scan = subprocess.run(["ssh-keyscan", "-T", "3", "-t", "ed25519", ip],
+                                      capture_output=True, text=True)
+                lines = [line for line in scan.stdout.splitlines() if line and not line.startswith("#")]
+                if lines:
+                    keys[name] = "\n".join(f"{name},{line}" for line in lines)
+                    del pending[name]
+            if pending:
+                time.sleep(0.5)
+        if pending:
+            raise LabError(f"no SSH after {timeout:.0f}s from: {', '.join(sorted(pending))}",
+                           hint="see `podman logs` of those containers; `gpuboot lab down` cleans up")
+        known = self.dir / "known_hosts"
+        known.write_text("\n".join(keys[n] for n in state.addresses) + "\n")
+        return known
+
+    # -- down / status --------------------------------------------------------------------
+    def down(self, name: str) -> list[str]:
+        """Remove everything this lab created, found by state file and by label."""
+        removed: list[str] = []
+        state = self.load()
+        label = f"{LABEL}={name}"
+        containers = set(self.podman.names("container", label)) | set(state.containers if state else [])
+        if containers:
+            self.podman.run("rm", "-f", "-t", "0", *sorted(containers), check=False, timeout=300)
+            removed += sorted(containers)
+        volumes = set(self.podman.names("volume", label)) | set(state.volumes if state else [])
+        for volume in sorted(volumes):
+            self.podman.run("volume", "rm", "-f", volume, check=False)
+            removed.append(volume)
+        network = f"gpuboot-{name}"
+        if self.podman.exists("network", network):
+            self.podman.run("network", "rm", "-f", network)
+            removed.append(network)
+        if firewall.exists(name):
+            firewall.remove(name)
+            removed.append(f"nft table {firewall.table_name(name)}")
+        if state is not None:
+            aptcache.stop(state.acng_pid)
+            if state.acng_pid:
+                removed.append(f"apt-cacher-ng pid {state.acng_pid}")
+            if state.inventory and Path(state.inventory).exists():
+                Path(state.inventory).unlink()
+                removed.append(state.inventory)
+            self.state_file.unlink()
+        return removed
+
+    def status(self) -> list[dict]:
+        state = self.load()
+        if state is None:
+            return []
+        running = {c["Names"][0]: c.get("State", "?") for c in self.podman.containers(f"{LABEL}={state.spec.name}")}
+        rows = []
+        for name, ip in state.addresses.items():
+            container = f"gpuboot-{state.spec.name}-{name.removeprefix(state.spec.name + '-')}"
+            rows.append({"host": name, "address": ip, "container": container,
+                         "state": running.get(container, "missing")})
+        return rows
+
+
+def write_inventory(spec: LabSpec, state: LabState, path: Path, key: Path, known_hosts: Path, gateway: str) -> None:
+    groups: dict[str, dict] = {"control_plane": {}, "workers": {}, "gpu_workers": {}}
+    for name, group in spec.nodes():
+        groups[group][name] = {"ansible_host": state.addresses[name]}
+    subnet = ip_network(spec.subnet)
+    vip = str(list(subnet.hosts())[-4])
+    inventory = {"all": {
+        "vars": {
+            "ansible_python_interpreter": "/usr/bin/python3",
+            # Host keys were collected when the nodes first booted; checking stays on.
+            "ansible_ssh_extra_args": f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes",
+            "gpuboot": {
+                "cluster_name": spec.name,
+                "release": spec.release,
+                "control_plane": {"vip": vip, "port": 6443, "mode": "keepalived_haproxy", "interface": "eth0"},
+                "networking": {"pod_cidr": "10.244.0.0/16", "service_cidr": "10.96.0.0/12"},
+                "ssh": {"user": "root", "private_key_file": str(key)},
+                "mirror": {"air_gapped": False},
+            },
+        },
+        "children": {
+            "control_plane": {"hosts": groups["control_plane"]},
+            "workers": {"hosts": groups["workers"] or None,
+                        "children": {"gpu_workers": {"hosts": {
+                            name: {**vars_, "gpuboot_node": {"gpu": {"mig_strategy": "none"}}}
+                            for name, vars_ in groups["gpu_workers"].items()} or None}}},
+        },
+    }}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (f"# Written by `gpuboot lab up` for lab '{spec.name}' ({spec.flavour} nodes). Removed by `gpuboot lab down`.\n"
+              f"# The 'GPU' workers have no GPU: GPU facts are tested through doubles under tests/.\n")
+    path.write_text(header + yaml.safe_dump(inventory, sort_keys=False, default_flow_style=False))
