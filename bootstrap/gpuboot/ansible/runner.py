@@ -5,6 +5,9 @@ A PlaybookRun is data: the inventory path and extravars are passed as such (neve
 the artifacts, and every runner event is translated into a typed event."""
 from __future__ import annotations
 
+import json
+import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +33,7 @@ class PlaybookRun:
     check: bool = False
     diff: bool = False
     verbosity: int = 0
+    fact_cache: Path | None = None  # shared by every phase of one run: facts gathered once
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,26 @@ class PlaybookResult:
     @property
     def ok(self) -> bool:
         return self.status == "successful" and self.rc == 0
+
+
+# ansible-runner records the whole process environment in artifacts/<ident>/command;
+# an operator's shell may hold tokens, so only these keys survive in that record.
+RECORDED_ENV = ("PATH", "HOME", "LANG", "PWD")
+
+
+def _path_with_this_python() -> str:
+    """PATH with this environment's bin/ first, so its ansible-playbook is the one that runs."""
+    here = os.path.dirname(sys.executable)
+    return os.pathsep.join([here, os.environ.get("PATH", "")])
+
+
+def _scrub_command_record(path: Path) -> None:
+    if not path.exists():
+        return
+    record = json.loads(path.read_text())
+    env = record.get("env") or {}
+    record["env"] = {k: v for k, v in env.items() if k.startswith("ANSIBLE_") or k in RECORDED_ENV}
+    path.write_text(json.dumps(record))
 
 
 def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
@@ -65,7 +89,8 @@ def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
         playbook=str(request.playbook),
         inventory=str(request.inventory),
         extravars=dict(request.extravars),
-        envvars=dict(request.envvars),
+        envvars={"PATH": _path_with_this_python(), **request.envvars},
+        fact_cache=str(request.fact_cache) if request.fact_cache else None,
         limit=request.limit,
         tags=",".join(request.tags) or None,
         forks=request.forks,
@@ -76,6 +101,7 @@ def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
         event_handler=handle,
         cancel_callback=(lambda: cancel.is_set()) if cancel is not None else None,
     )
+    _scrub_command_record(request.artifact_dir / request.ident / "command")
     return PlaybookResult(
         status=str(runner.status),
         rc=int(runner.rc if runner.rc is not None else 1),

@@ -9,9 +9,10 @@ import click
 from gpuboot.cli.main import App, cli, pass_app
 
 
-def _lab(app: App):
+def _lab(app: App, name: str):
     from gpuboot.lab.cluster import Lab
-    return Lab(app.state_dir / "lab", log=lambda msg: app.console.print(f"[dim]{msg}[/]"))
+    # Cluster names are DNS labels, so "_lab" can never collide with a cluster's state.
+    return Lab(app.state_dir / "_lab" / name, log=lambda msg: app.console.print(f"[dim]{msg}[/]"))
 
 
 @cli.group()
@@ -35,7 +36,7 @@ def lab_up(app: App, name, control_planes, workers, gpu_workers, subnet, flavour
     """Create the lab and write its inventory."""
     from gpuboot.lab.cluster import LabSpec
     spec = LabSpec(name, control_planes, workers, gpu_workers, subnet, flavour, release)
-    state = _lab(app).up(spec, Path(inventory).resolve())
+    state = _lab(app, name).up(spec, Path(inventory).resolve())
     app.console.print(f"[green]lab {name} up[/]: {len(state.containers)} nodes; inventory {inventory}")
 
 
@@ -44,16 +45,17 @@ def lab_up(app: App, name, control_planes, workers, gpu_workers, subnet, flavour
 @pass_app
 def lab_down(app: App, name: str) -> None:
     """Remove everything the lab created, and nothing else."""
-    removed = _lab(app).down(name)
+    removed = _lab(app, name).down(name)
     app.console.print(f"removed {len(removed)} things" + "".join(f"\n  {r}" for r in removed))
 
 
 @lab.command("status")
+@click.option("--name", default="lab", show_default=True)
 @click.option("--output", type=click.Choice(["text", "json"]), default="text")
 @pass_app
-def lab_status(app: App, output: str) -> None:
+def lab_status(app: App, name: str, output: str) -> None:
     """Show the lab's nodes."""
-    rows = _lab(app).status()
+    rows = _lab(app, name).status()
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
     elif not rows:

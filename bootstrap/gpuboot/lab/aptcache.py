@@ -53,6 +53,7 @@ def start(conf_dir: Path, bind: str) -> int:
         raise LabError("apt-cacher-ng is not installed", hint="apt-get install apt-cacher-ng")
     with socket.socket() as probe:
         # A bind test, not a connect: connects can be answered by a transparent proxy.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # ignore TIME_WAIT leftovers
         try:
             probe.bind((bind, PORT))
         except OSError as exc:

@@ -85,11 +85,10 @@ class Engine:
         env = {
             "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
             "ANSIBLE_ROLES_PATH": str(root / "roles"),
-            "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(run_dir / "facts"),
             "ANSIBLE_NOCOLOR": "1",
+            # ansible-runner turns host-key checking off unless told otherwise.
+            "ANSIBLE_HOST_KEY_CHECKING": "True" if self.options.host_key_checking else "False",
         }
-        if not self.options.host_key_checking:
-            env["ANSIBLE_HOST_KEY_CHECKING"] = "False"
         return env
 
     def _run_phase(self, phase: Phase, run_dir: Path, run_id: str) -> PlaybookResult:
@@ -104,6 +103,7 @@ class Engine:
             check=self.options.check,
             diff=self.options.diff,
             verbosity=self.options.verbosity,
+            fact_cache=run_dir / "facts",
         )
         events: queue.Queue[Event | None] = queue.Queue()
         cancel = threading.Event()
