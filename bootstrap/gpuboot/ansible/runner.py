@@ -16,7 +16,7 @@ from typing import Callable
 import ansible_runner
 
 from gpuboot.ansible.translate import translate
-from gpuboot.events import Event, PlaybookStats
+from gpuboot.events import Event
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,6 @@ class PlaybookRun:
 class PlaybookResult:
     status: str  # successful, failed, canceled, timeout
     rc: int
-    stats: PlaybookStats | None
     stdout_path: Path
 
     @property
@@ -71,12 +70,8 @@ def _scrub_command_record(path: Path) -> None:
 def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
                  cancel: threading.Event | None = None) -> PlaybookResult:
     request.artifact_dir.mkdir(parents=True, exist_ok=True)
-    stats: list[PlaybookStats] = []
-
     def handle(raw: dict) -> bool:
         event = translate(raw)
-        if isinstance(event, PlaybookStats):
-            stats.append(event)
         if event is not None:
             on_event(event)
         return True  # let runner keep its own event files for the record
@@ -105,6 +100,5 @@ def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
     return PlaybookResult(
         status=str(runner.status),
         rc=int(runner.rc if runner.rc is not None else 1),
-        stats=stats[-1] if stats else None,
         stdout_path=request.artifact_dir / request.ident / "stdout",
     )

@@ -73,10 +73,13 @@ def _message(err: dict, fields: list[str] | None) -> tuple[str, str | None]:
     if kind == "string_pattern_mismatch":
         return f"{shown!r} has the wrong form", f"it must match {err['ctx']['pattern']}"
     if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
-        return f"{shown} is out of range ({err['msg'].lower()})", None
+        bound = err["msg"].lower().removeprefix("input should be ")
+        return f"{shown} is out of range", f"use a value {bound}"
     if kind in ("value_error", "assertion_error"):
+        # Our validators write "what is wrong; how to fix it".
         msg = err["msg"].removeprefix("Value error, ")
-        return msg, None
+        what, _, fix = msg.partition("; ")
+        return what, fix or None
     return f"{err['msg']} (got {shown!r})", FIXES.get(kind)
 
 

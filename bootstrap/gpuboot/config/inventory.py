@@ -54,6 +54,8 @@ class RawInventory:
     groups: dict[str, RawGroup] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    # (variable, earlier definition, later definition that replaced it at the same level)
+    shadowed: list[tuple[str, Where, Where]] = field(default_factory=list)
 
     def group_members(self, group: str) -> set[str]:
         """Hosts in a group or in any of its descendants."""
@@ -80,6 +82,7 @@ class RawInventory:
         """Every place a variable is defined, at group or host level."""
         found = [(g.vars[name], g.var_where[name]) for g in self.groups.values() if name in g.vars]
         found += [(h.vars[name], h.var_where[name]) for h in self.hosts.values() if name in h.vars]
+        found += [(None, old) for key, old, _ in self.shadowed if key == name]
         return found
 
 
@@ -91,6 +94,8 @@ def _add_vars(target_vars: dict, target_where: dict, data: Any, where: Where, in
                                     "vars must be a mapping of name: value"))
         return
     for key, value in data.items():
+        if key in target_where:
+            inv.shadowed.append((key, target_where[key], where.child(key)))
         target_vars[key] = value
         target_where[key] = where.child(key)
 

@@ -21,7 +21,7 @@ def _settings(inv: RawInventory) -> tuple[GpubootSettings | None, Where | None, 
                                     "add `gpuboot:` under all.vars, or in group_vars/all.yml beside the inventory")]
     if len(sources) > 1:
         places = ", ".join(f"{w.file}:{w.line}" for _, w in sources)
-        _, where = sources[1]
+        _, where = sources[0]
         return None, None, [Problem(where.file, where.line, "gpuboot",
                                     f"gpuboot is defined in {len(sources)} places ({places})",
                                     "keep one definition, for the group all")]

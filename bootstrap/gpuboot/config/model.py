@@ -73,7 +73,7 @@ class Mirror(Strict):
     @model_validator(mode="after")
     def _registry_when_air_gapped(self) -> "Mirror":
         if self.air_gapped and not self.registry:
-            raise ValueError("air_gapped is true but no mirror registry is set")
+            raise ValueError("air_gapped is true but no mirror registry is set; set mirror.registry to HOST:PORT of the mirror")
         return self
 
 
@@ -133,7 +133,7 @@ class Nic(Strict):
     @model_validator(mode="after")
     def _selects_something(self) -> "Nic":
         if not self.pf_names and not self.pci_addresses:
-            raise ValueError("a NIC needs pf_names or pci_addresses to select its ports")
+            raise ValueError("a NIC needs pf_names or pci_addresses to select its ports; list its PF interface names or PCI addresses")
         return self
 
 

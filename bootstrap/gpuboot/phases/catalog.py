@@ -4,12 +4,14 @@ A phase's playbook is the single source of truth for whether it is built yet: a
 placeholder playbook sets `gpuboot_phase_not_implemented` and fails loudly."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from gpuboot import content
+from gpuboot.config.model import Cluster
 
 NOT_IMPLEMENTED_MARKER = "gpuboot_phase_not_implemented"
 CLUSTER = "control_plane:workers"
@@ -54,3 +56,18 @@ CATALOGS = {"up": UP}
 
 def by_name(catalog: tuple[Phase, ...]) -> dict[str, Phase]:
     return {p.name: p for p in catalog}
+
+
+def hosts_for(cluster: Cluster, pattern: str) -> list[str]:
+    """Resolve the patterns the catalog uses (group, group[0], group[1:], a:b) in inventory order."""
+    hosts: list[str] = []
+    for part in re.split(r":(?![^\[]*\])", pattern):
+        group, _, index = part.partition("[")
+        members = [n.name for n in cluster.nodes if group in n.groups]
+        if index:
+            index = index.rstrip("]")
+            start, colon, end = index.partition(":")
+            stop = (int(end) if end else None) if colon else int(start) + 1
+            members = members[int(start or 0):stop]
+        hosts += [h for h in members if h not in hosts]
+    return hosts

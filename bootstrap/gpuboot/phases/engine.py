@@ -18,8 +18,8 @@ from gpuboot.ansible.runner import PlaybookResult, PlaybookRun, run_playbook
 from gpuboot.config.model import Cluster
 from gpuboot.errors import Interrupted, PhaseFailed
 from gpuboot.events import (Event, Failure, HostResult, PhaseFinished, PhaseSkipped, PhaseStarted,
-                            RunFinished, RunStarted)
-from gpuboot.phases.catalog import Phase
+                            PlaybookStats, RunFinished, RunStarted)
+from gpuboot.phases.catalog import Phase, hosts_for
 from gpuboot.runlog import RunLog, tee
 from gpuboot.state import ClusterState, new_run_id
 
@@ -76,6 +76,7 @@ class Engine:
     sink: Sink
     runner: Runner = run_playbook
     failures: list[Failure] = field(default_factory=list)
+    last_stats: PlaybookStats | None = None
 
     def __post_init__(self) -> None:
         self.sink = tee(RunLog(), self.sink)
@@ -127,6 +128,8 @@ class Engine:
                     continue
                 if event is None:
                     break
+                if isinstance(event, PlaybookStats):
+                    self.last_stats = event
                 if isinstance(event, HostResult) and event.status in ("failed", "unreachable"):
                     self.failures.append(Failure(event.host, event.task, event.message))
                 self.sink(event)
@@ -161,12 +164,13 @@ class Engine:
                             and previous.get("fingerprint") == digest):
                         self.sink(PhaseSkipped(phase.name, f"up to date since {previous.get('at')} (--force runs it)"))
                         continue
-                    hosts = sorted(n.name for n in self.cluster.cluster_nodes)
+                    hosts = hosts_for(self.cluster, phase.hosts)
                     self.sink(PhaseStarted(phase.name, phase.title, hosts, index, len(phases)))
                     t0 = time.monotonic()
+                    self.last_stats = None
                     result = self._run_phase(phase, run_dir, run_id)
                     ran.append(phase.name)
-                    changed = sum(c.changed for c in (result.stats.hosts.values() if result.stats else []))
+                    changed = sum(c.changed for c in (self.last_stats.hosts.values() if self.last_stats else []))
                     failed_hosts = sorted({f.host for f in self.failures})
                     phase_ok = result.ok
                     self.sink(PhaseFinished(phase.name, "ok" if phase_ok else "failed", changed,

@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuboot.config.loader import load_cluster
+from gpuboot.config.model import GpubootSettings
+from gpuboot.errors import InventoryError
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "inventories" / "sample" / "inventory.yml"
+
+
+def write(tmp_path: Path, text: str, name: str = "inventory.yml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_sample_inventory_is_valid_and_complete():
+    cluster = load_cluster(SAMPLE)
+    assert cluster.settings.cluster_name == "h200-prod"
+    assert [n.name for n in cluster.control_planes] == ["cp01", "cp02", "cp03"]
+    gpu = {n.name: n for n in cluster.in_group("gpu_workers")}
+    assert set(gpu) == {"gpu01", "gpu02"}
+    assert gpu["gpu01"].settings.gpu.mig_strategy == "mixed"
+    assert gpu["gpu02"].settings.nics[0].link_type == "ib"
+    # gpu_workers are workers too (child group), the bastion is not a cluster node.
+    assert {n.name for n in cluster.in_group("workers")} == {"cpu01", "gpu01", "gpu02"}
+    assert "jump01" not in {n.name for n in cluster.cluster_nodes}
+    # Settings came from group_vars/all.yml beside the inventory.
+    assert any(f.endswith("group_vars/all.yml") for f in cluster.source_files)
+
+
+def test_error_names_file_line_field_and_fix(tmp_path):
+    inv = write(tmp_path, """\
+        all:
+          vars:
+            gpuboot:
+              cluster_name: c1
+              release: k8s-1.34
+              control_plane:
+                vip: 10.0.0.300
+          children:
+            control_plane:
+              hosts:
+                cp1: {ansible_host: 10.0.0.11}
+        """)
+    with pytest.raises(InventoryError) as info:
+        load_cluster(inv)
+    text = str(info.value)
+    assert f"{inv}:7 gpuboot.control_plane.vip: 10.0.0.300 is not an IPv4 address" in text
+    assert "fix:" in text
+
+
+def test_every_problem_is_reported_not_only_the_first(tmp_path):
+    inv = write(tmp_path, """\
+        all:
+          vars:
+            gpuboot:
+              cluster_name: c1
+              release: nope
+              control_plane: {vip: 10.0.0.100, mode: bogus}
+              networking: {pod_cidr: 10.96.0.0/16}
+          children:
+            control_plane:
+              hosts:
+                cp1: {ansible_host: 10.0.0.11}
+                cp2: {ansible_host: 10.0.0.12}
+        """)
+    with pytest.raises(InventoryError) as info:
+        load_cluster(inv)
+    paths = {p.path for p in info.value.problems}
+    assert {"gpuboot.control_plane.mode", "control_plane"} <= paths
+
+
+def test_release_and_overlap_reported_together(tmp_path):
+    inv = write(tmp_path, """\
+        all:
+          vars:
+            gpuboot:
+              cluster_name: c1
+              release: nope
+              control_plane: {vip: 10.0.0.100}
+              networking: {pod_cidr: 10.96.0.0/16}
+          children:
+            control_plane:
+              hosts:
+                cp1: {ansible_host: 10.0.0.11}
+        """)
+    with pytest.raises(InventoryError) as info:
+        load_cluster(inv)
+    messages = " | ".join(p.message for p in info.value.problems)
+    assert "not in the version matrix" in messages and "overlaps service_cidr" in messages
+
+
+def test_settings_from_group_vars_directory(tmp_path):
+    (tmp_path / "group_vars" / "all").mkdir(parents=True)
+    (tmp_path / "group_vars" / "all" / "gpuboot.yml").write_text(
+        "gpuboot: {cluster_name: dirvars, release: k8s-1.35, control_plane: {vip: 10.0.0.100}}\n")
+    inv = write(tmp_path, "all:\n  children:\n    control_plane:\n      hosts:\n        cp1: {ansible_host: 10.0.0.11}\n")
+    cluster = load_cluster(inv)
+    assert cluster.settings.cluster_name == "dirvars"
+    assert cluster.settings.release == "k8s-1.35"
+
+
+def test_gpuboot_defined_twice_is_an_error(tmp_path):
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "all.yml").write_text(
+        "gpuboot: {cluster_name: a, release: k8s-1.34, control_plane: {vip: 10.0.0.100}}\n")
+    inv = write(tmp_path, """\
+        all:
+          vars:
+            gpuboot: {cluster_name: b, release: k8s-1.34, control_plane: {vip: 10.0.0.100}}
+          children:
+            control_plane:
+              hosts:
+                cp1: {ansible_host: 10.0.0.11}
+        """)
+    with pytest.raises(InventoryError, match="defined in 2 places"):
+        load_cluster(inv)
+
+
+def test_group_vars_file_for_unknown_group_is_flagged(tmp_path):
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "gpu_worker.yml").write_text("x: 1\n")
+    inv = write(tmp_path, """\
+        all:
+          vars:
+            gpuboot: {cluster_name: b, release: k8s-1.34, control_plane: {vip: 10.0.0.100}}
+          children:
+            control_plane:
+              hosts:
+                cp1: {ansible_host: 10.0.0.11}
+        """)
+    with pytest.raises(InventoryError, match="gpu_worker"):
+        load_cluster(inv)
+
+
+def test_check_files_reports_missing_secret_files(tmp_path):
+    inv = write(tmp_path, """\
+        all:
+          vars:
+            gpuboot:
+              cluster_name: c1
+              release: k8s-1.34
+              control_plane: {vip: 10.0.0.100}
+              ssh: {private_key_file: keys/missing}
+          children:
+            control_plane:
+              hosts:
+                cp1: {ansible_host: 10.0.0.11}
+        """)
+    load_cluster(inv)  # validate alone does not require the files
+    with pytest.raises(InventoryError, match="keys/missing does not exist"):
+        load_cluster(inv, check_files=True)
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "missing").write_text("x")
+    load_cluster(inv, check_files=True)
+
+
+def test_model_defaults_match_the_playbook_defaults():
+    """Plain ansible-playbook runs read playbooks/group_vars; both must agree."""
+    data = yaml.safe_load((ROOT / "playbooks/group_vars/all/gpuboot_defaults.yml").read_text())["gpuboot_defaults"]
+    minimal = GpubootSettings.model_validate(
+        {"cluster_name": "x", "release": "k8s-1.34", "control_plane": {"vip": "10.0.0.1"}})
+    dumped = minimal.model_dump(mode="json")
+    for section in ("networking", "ssh", "mirror"):
+        assert dumped[section] == data[section], section
+    for key, value in data["control_plane"].items():
+        assert dumped["control_plane"][key] == value, key
+    assert dumped["gitops"] == data["gitops"] and dumped["tenants"] == data["tenants"]
+    assert set(GpubootSettings.model_fields) - {"cluster_name", "release"} == set(data)

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuboot.config.loader import load_cluster
+from gpuboot.errors import UsageError
+from gpuboot.phases.catalog import UP, hosts_for
+from gpuboot.phases.select import Selection, select
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = [p.name for p in UP]
+
+
+def test_catalog_order_is_the_documented_one():
+    assert NAMES == ["preflight", "os_prep", "container_runtime", "kube_packages", "ha_endpoint",
+                     "control_plane_init", "control_plane_join", "workers_join", "cni", "gpu_operator",
+                     "network_operator", "validate", "gitops_handoff"]
+
+
+@pytest.mark.parametrize("phase", UP, ids=NAMES)
+def test_every_phase_playbook_exists_and_targets_its_hosts(phase):
+    plays = yaml.safe_load(phase.path.read_text())
+    assert plays, phase.path
+    assert plays[0]["hosts"] == phase.hosts
+    for play in plays:
+        for task in play.get("tasks", []):
+            assert task["name"].startswith(phase.name) or task["name"].split(" | ")[0], task
+
+
+def test_up_yml_imports_every_phase_in_catalog_order():
+    imports = [entry["ansible.builtin.import_playbook"]
+               for entry in yaml.safe_load((ROOT / "playbooks" / "up.yml").read_text())]
+    assert imports == [p.playbook for p in UP]
+
+
+def test_unbuilt_phases_say_so_and_fail_loudly():
+    unbuilt = [p for p in UP if not p.implemented]
+    assert {p.name for p in UP if p.implemented} >= {"preflight", "os_prep"}
+    for phase in unbuilt:
+        tasks = yaml.safe_load(phase.path.read_text())[0]["tasks"]
+        assert any("ansible.builtin.fail" in t and "not implemented" in t["ansible.builtin.fail"]["msg"] for t in tasks)
+
+
+def test_selection_ranges_only_and_skip():
+    assert [p.name for p in select(UP, Selection(to_phase="os_prep"))] == ["preflight", "os_prep"]
+    assert [p.name for p in select(UP, Selection(from_phase="validate"))] == ["validate", "gitops_handoff"]
+    assert [p.name for p in select(UP, Selection(only=("cni", "preflight")))] == ["preflight", "cni"]
+    got = [p.name for p in select(UP, Selection(to_phase="kube_packages", skip=("os_prep",)))]
+    assert got == ["preflight", "container_runtime", "kube_packages"]
+
+
+@pytest.mark.parametrize("sel, message", [
+    (Selection(from_phase="prefligth"), "did you mean preflight"),
+    (Selection(from_phase="cni", to_phase="preflight"), "comes after"),
+    (Selection(only=("cni",), from_phase="preflight"), "cannot be combined"),
+    (Selection(only=("cni",), skip=("cni",)), "no phase left"),
+])
+def test_bad_selection_is_a_usage_error(sel, message):
+    with pytest.raises(UsageError) as info:
+        select(UP, sel)
+    assert message in str(info.value)
+
+
+def test_host_patterns_resolve_like_ansible():
+    cluster = load_cluster(ROOT / "inventories" / "sample" / "inventory.yml")
+    assert hosts_for(cluster, "control_plane[0]") == ["cp01"]
+    assert hosts_for(cluster, "control_plane[1:]") == ["cp02", "cp03"]
+    assert hosts_for(cluster, "control_plane:workers") == ["cp01", "cp02", "cp03", "cpu01", "gpu01", "gpu02"]

@@ -1,0 +1,55 @@
+"""Runner event dicts (shaped as ansible-runner 2.4 emits them) -> typed events."""
+from __future__ import annotations
+
+from gpuboot.ansible.translate import translate
+from gpuboot.events import HostCounts, HostResult, PlaybookStats, PlayStarted, TaskStarted
+
+
+def ev(kind, **data):
+    return {"event": kind, "uuid": "x", "counter": 1, "event_data": data}
+
+
+def test_play_and_task_start():
+    assert translate(ev("playbook_on_play_start", play="Preflight")) == PlayStarted("Preflight")
+    assert translate(ev("playbook_on_task_start", task="Preflight | x")) == TaskStarted("Preflight | x")
+
+
+def test_ok_changed_failed_unreachable_skipped():
+    assert translate(ev("runner_on_ok", host="h1", task="t", res={"changed": False})).status == "ok"
+    assert translate(ev("runner_on_ok", host="h1", task="t", res={"changed": True})).status == "changed"
+    failed = translate(ev("runner_on_failed", host="h1", task="t", res={"msg": "boom", "rc": 2}))
+    assert failed == HostResult("h1", "t", "failed", "boom")
+    ignored = translate(ev("runner_on_failed", host="h1", task="t", ignore_errors=True, res={"msg": "meh"}))
+    assert ignored.status == "ignored"
+    unreachable = translate(ev("runner_on_unreachable", host="h2", task="t",
+                               res={"msg": "Failed to connect", "unreachable": True}))
+    assert unreachable.status == "unreachable" and "Failed to connect" in unreachable.message
+    assert translate(ev("runner_on_skipped", host="h1", task="t")).status == "skipped"
+
+
+def test_no_log_results_stay_censored():
+    event = translate(ev("runner_on_failed", host="h1", task="join", res={
+        "censored": "the output has been hidden due to the fact that 'no_log: true' was specified for this result"}))
+    assert "no_log" in event.message
+
+
+def test_failed_loop_item_message_is_found():
+    event = translate(ev("runner_on_failed", host="h1", task="t", res={
+        "results": [{"failed": False}, {"failed": True, "msg": "item two broke"}]}))
+    assert event.message == "item two broke"
+
+
+def test_long_messages_are_cut():
+    event = translate(ev("runner_on_failed", host="h1", task="t", res={"stderr": "x" * 5000}))
+    assert len(event.message) < 700
+
+
+def test_stats():
+    stats = translate(ev("playbook_on_stats", ok={"h1": 5, "h2": 3}, changed={"h1": 2}, failures={"h2": 1},
+                         dark={}, skipped={"h1": 1}, ignored={}))
+    assert stats == PlaybookStats({"h1": HostCounts(ok=5, changed=2, skipped=1), "h2": HostCounts(ok=3, failed=1)})
+
+
+def test_other_events_are_ignored():
+    assert translate(ev("verbose")) is None
+    assert translate({"event": "runner_item_on_ok", "event_data": {}}) is None
