@@ -62,3 +62,19 @@ def lab_status(app: App, name: str, output: str) -> None:
         app.console.print("no lab")
     for row in rows if output == "text" else []:
         app.console.print(f"  {row['host']:14} {row['address']:15} {row['state']}")
+
+
+@lab.command("molecule")
+@click.argument("roles", nargs=-1)
+@click.option("--keep", is_flag=True, help="Keep the molecule network and apt cache afterwards.")
+@pass_app
+def lab_molecule(app: App, roles: tuple[str, ...], keep: bool) -> None:
+    """Run `molecule test` for every role (or the ones named), one after another."""
+    from gpuboot.errors import LabError
+    from gpuboot.lab.molecule import run_scenarios
+    results = run_scenarios(app.state_dir, roles, log=lambda m: app.console.print(m), keep=keep)
+    for r in results:
+        app.console.print(f"  {'[green]ok[/]' if r.ok else '[red]FAILED[/]'} {r.role:20} {r.seconds:6.1f}s  {r.log}")
+    failed = [r.role for r in results if not r.ok]
+    if failed:
+        raise LabError(f"molecule failed for: {', '.join(failed)}", hint="read the logs listed above")

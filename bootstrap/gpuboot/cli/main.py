@@ -11,7 +11,7 @@ from rich.console import Console
 
 from gpuboot import __version__
 from gpuboot.config.loader import load_cluster
-from gpuboot.errors import GpubootError, InventoryError
+from gpuboot.errors import GpubootError
 from gpuboot.phases.catalog import UP
 from gpuboot.phases.select import Selection, select
 from gpuboot.state import ClusterState, state_root
@@ -149,25 +149,28 @@ def status(app: App, inventory: str, output: str) -> None:
                           f"({', '.join(run['phases']) or 'no phases run'}; {run['seconds']}s)")
 
 
-def main() -> None:
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code: the one place typed errors become codes."""
     import gpuboot.cli.lab  # noqa: F401  (registers `gpuboot lab`)
     try:
-        cli.main(standalone_mode=False)
+        result = cli.main(args=argv, prog_name="gpuboot", standalone_mode=False)
+        return result if isinstance(result, int) else 0
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
-        sys.exit(130)
+        return 130
     except click.ClickException as exc:
         exc.show()
-        sys.exit(exc.exit_code)
-    except InventoryError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except GpubootError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        return 130
+
+
+def main() -> None:
+    sys.exit(run())
 
 
 def register(command: click.Command) -> None:

@@ -87,6 +87,9 @@ class Engine:
             "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
             "ANSIBLE_ROLES_PATH": str(root / "roles"),
             "ANSIBLE_NOCOLOR": "1",
+            # SSH masters are shared by the phases of one run, never across runs: a reused
+            # master would skip host-key verification for a host whose key has changed.
+            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(Path.home() / ".ansible" / "cp" / run_dir.name),
             # ansible-runner turns host-key checking off unless told otherwise.
             "ANSIBLE_HOST_KEY_CHECKING": "True" if self.options.host_key_checking else "False",
         }

@@ -1,0 +1,67 @@
+"""Runs every role's molecule scenario, one after another, on a fenced lab network with
+the apt cache on its gateway, and summarises the results."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuboot import content
+from gpuboot.errors import LabError
+from gpuboot.lab.cluster import Lab, LabSpec
+from gpuboot.lab.image import ensure_image
+from gpuboot.lab.podman import write_containers_conf
+
+NAME = "molecule"
+SUBNET = "10.213.200.0/24"
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    role: str
+    ok: bool
+    seconds: float
+    log: Path
+
+
+def roles_with_scenarios(only: tuple[str, ...] = ()) -> list[str]:
+    roles = sorted(p.parents[2].name for p in (content.content_dir() / "roles").glob("*/molecule/default/molecule.yml"))
+    unknown = set(only) - set(roles)
+    if unknown:
+        raise LabError(f"no molecule scenario for: {', '.join(sorted(unknown))}",
+                       hint=f"roles with scenarios: {', '.join(roles)}")
+    return [r for r in roles if not only or r in only]
+
+
+def run_scenarios(state_dir: Path, only: tuple[str, ...] = (), log=print, keep: bool = False) -> list[ScenarioResult]:
+    roles = roles_with_scenarios(only)
+    lab = Lab(state_dir / "_lab" / NAME, log=log)
+    if lab.load() is None:
+        # A one-node lab gives the scenarios a fenced network with the apt cache on its gateway.
+        lab.up(LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=0, subnet=SUBNET),
+               lab.dir / "inventory.yml")
+    image = ensure_image(lab.podman, lab.cache_dir, log)
+    env = dict(os.environ,
+               GPUBOOT_MOLECULE_NETWORK=f"gpuboot-{NAME}",
+               GPUBOOT_NODE_IMAGE=image,
+               CONTAINERS_CONF=str(write_containers_conf(lab.cache_dir)),
+               PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    results = []
+    try:
+        for role in roles:
+            role_dir = content.content_dir() / "roles" / role
+            logfile = lab.dir / f"molecule-{role}.log"
+            log(f"molecule test: {role} (log {logfile})")
+            t0 = time.monotonic()
+            with logfile.open("w") as out:
+                proc = subprocess.run(["molecule", "test"], cwd=role_dir, stdout=out, stderr=subprocess.STDOUT,
+                                      env={**env, "GPUBOOT_MOLECULE_PREFIX": f"mol-{role.replace('_', '-')}"})
+            results.append(ScenarioResult(role, proc.returncode == 0, round(time.monotonic() - t0, 1), logfile))
+            log(f"  {'ok' if proc.returncode == 0 else 'FAILED'} {role} in {results[-1].seconds}s")
+    finally:
+        if not keep:
+            lab.down(NAME)
+    return results

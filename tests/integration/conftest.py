@@ -1,0 +1,60 @@
+"""A real lab for integration tests: systemd containers with sshd, made by `gpuboot lab`.
+
+Session-scoped and torn down at the end. Without podman the lab tests are skipped,
+unless GPUBOOT_REQUIRE_LAB=1 (CI sets it), where a missing lab is a failure."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuboot.lab.cluster import Lab, LabSpec
+
+LAB_NAME = "itest"
+LAB_SUBNET = "10.213.9.0/24"
+
+
+def _lab_possible() -> str | None:
+    missing = [tool for tool in ("podman", "mmdebstrap", "nft", "apt-cacher-ng") if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        return "the lab needs root"
+    return f"missing: {', '.join(missing)}" if missing else None
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    reason = _lab_possible()
+    if reason:
+        if os.environ.get("GPUBOOT_REQUIRE_LAB") == "1":
+            pytest.fail(f"lab required but not possible here: {reason}")
+        pytest.skip(f"no lab: {reason}")
+    root = tmp_path_factory.mktemp("lab")
+    lab = Lab(root / "_lab" / LAB_NAME, log=lambda msg: None)
+    lab.down(LAB_NAME)  # a crashed earlier session may have left one behind
+    inventory = root / "inventory" / "inventory.yml"
+    state = lab.up(LabSpec(name=LAB_NAME, subnet=LAB_SUBNET), inventory)
+    yield {"lab": lab, "state": state, "inventory": inventory, "root": root}
+    lab.down(LAB_NAME)
+
+
+def ssh(lab_info, host: str, command: str) -> subprocess.CompletedProcess[str]:
+    """Run a command on a lab node over real SSH, with host-key checking on."""
+    state = lab_info["state"]
+    key = lab_info["lab"].dir / "id_ed25519"
+    known = lab_info["lab"].dir / "known_hosts"
+    return subprocess.run(
+        ["ssh", "-i", str(key), "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes",
+         "-o", "BatchMode=yes", f"root@{state.addresses[host]}", command],
+        capture_output=True, text=True, timeout=60)
+
+
+def edit_inventory(src: Path, dest: Path, change) -> Path:
+    data = yaml.safe_load(src.read_text())
+    change(data)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(yaml.safe_dump(data, sort_keys=False))
+    return dest

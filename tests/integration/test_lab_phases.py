@@ -1,0 +1,91 @@
+"""Real phases over real SSH against every lab node."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuboot.cli.main import run
+from gpuboot.config.loader import load_cluster
+from tests.integration.conftest import edit_inventory, ssh
+
+pytestmark = pytest.mark.lab
+
+
+def events_of(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_lab_inventory_is_valid(lab):
+    cluster = load_cluster(lab["inventory"], check_files=True)
+    assert len(cluster.control_planes) == 3
+    assert len(cluster.in_group("gpu_workers")) == 1
+    assert len(cluster.cluster_nodes) == 6
+
+
+def test_preflight_and_os_prep_converge_on_every_node_then_change_nothing(lab, capsys):
+    inventory = str(lab["inventory"])
+    assert run(["up", inventory, "--to", "os_prep", "--force", "--output", "json"]) == 0
+    events = events_of(capsys.readouterr().out)
+    stats = [e for e in events if e["event"] == "PlaybookStats"]
+    hosts = set(lab["state"].addresses)
+    assert len(stats) == 2 and all(set(s["hosts"]) == hosts for s in stats)
+    assert all(c["failed"] == 0 and c["unreachable"] == 0 for s in stats for c in s["hosts"].values())
+    finished = events[-1]
+    assert finished["event"] == "RunFinished" and finished["status"] == "ok"
+
+    # State on every host, read back over SSH.
+    for host in hosts:
+        result = ssh(lab, host, "cat /etc/sysctl.d/90-gpuboot.conf /etc/modules-load.d/gpuboot.conf; "
+                                "systemctl is-enabled swap.target || true; dpkg-query -W -f='${Status}' chrony")
+        assert result.returncode == 0, result.stderr
+        assert "net.ipv4.ip_forward = 1" in result.stdout
+        assert "br_netfilter" in result.stdout
+        assert "masked" in result.stdout
+        assert "install ok installed" in result.stdout
+        blacklist = ssh(lab, host, "test -f /etc/modprobe.d/gpuboot-blacklist-nouveau.conf && echo yes || echo no")
+        assert blacklist.stdout.strip() == ("yes" if "gpu" in host else "no")
+
+    # Idempotence: the second forced run changes nothing anywhere.
+    assert run(["up", inventory, "--to", "os_prep", "--force", "--output", "json"]) == 0
+    events = events_of(capsys.readouterr().out)
+    changed = [e for e in events if e["event"] == "HostResult" and e["status"] == "changed"]
+    assert changed == []
+
+    # A plain re-run is the resume: finished, unchanged phases are skipped.
+    assert run(["up", inventory, "--to", "os_prep", "--output", "json"]) == 0
+    events = events_of(capsys.readouterr().out)
+    assert [e["phase"] for e in events if e["event"] == "PhaseSkipped"] == ["preflight", "os_prep"]
+
+
+def test_host_key_checking_is_on(lab, tmp_path, capsys):
+    """A node whose host key does not match known_hosts is refused, not trusted."""
+    known = (lab["lab"].dir / "known_hosts").read_text().splitlines()
+    victim = "itest-w1"
+    other_key = next(line for line in known if line.startswith("itest-cp1,")).split(" ", 1)[1]
+    forged = [line if not line.startswith(f"{victim},") else f"{line.split(' ', 1)[0]} {other_key}" for line in known]
+    (tmp_path / "known_hosts").write_text("\n".join(forged) + "\n")
+
+    def point_at_forged(data):
+        data["all"]["vars"]["ansible_ssh_extra_args"] = (
+            f"-o UserKnownHostsFile={tmp_path / 'known_hosts'} -o StrictHostKeyChecking=yes")
+    inventory = edit_inventory(lab["inventory"], tmp_path / "inventory.yml", point_at_forged)
+    assert run(["up", str(inventory), "--only", "preflight", "--force", "--output", "json"]) == 4
+    events = events_of(capsys.readouterr().out)
+    unreachable = [e for e in events if e["event"] == "HostResult" and e["status"] == "unreachable"]
+    assert [e["host"] for e in unreachable] == [victim]
+    assert "host key" in unreachable[0]["message"].lower() or "Host key verification failed" in unreachable[0]["message"]
+
+
+def test_preflight_reports_every_problem_on_every_host_at_once(lab, tmp_path, capsys):
+    # Ask for more memory than any node has: every host fails, one summary lists them all.
+    inventory = edit_inventory(lab["inventory"], tmp_path / "inventory.yml",
+                               lambda d: d["all"]["vars"].update({"preflight_min_memory_mb": 10 ** 9}))
+    assert run(["up", str(inventory), "--only", "preflight", "--force", "--output", "json"]) == 4
+    events = events_of(capsys.readouterr().out)
+    failures = [e for e in events if e["event"] == "HostResult" and e["status"] == "failed"]
+    assert len(failures) == 1  # one summary task, run once
+    for host in lab["state"].addresses:
+        assert f"{host}: " in failures[0]["message"] and "MiB memory" in failures[0]["message"]
+    finished = events[-1]
+    assert finished["status"] == "failed" and finished["resume"].endswith("--from preflight")
