@@ -12,7 +12,8 @@ from pathlib import Path
 from gpuboot.errors import LabError
 from gpuboot.lab.image import debian_sources
 
-PORT = 3142
+# Not apt-cacher-ng's usual 3142, so a system-wide cache on this machine cannot collide.
+PORT = 3143
 
 
 def _backend(uri: str) -> tuple[str, str]:

@@ -39,7 +39,7 @@ chmod 0440 "$root/etc/sudoers.d/gpuboot"
 cat > "$root/usr/local/bin/gpuboot-apt-proxy" <<'SH'
 #!/bin/sh
 gw=$(ip -4 route show default | awk '{print $3; exit}')
-[ -n "$gw" ] && echo "http://$gw:3142" || echo DIRECT
+[ -n "$gw" ] && echo "http://$gw:3143" || echo DIRECT
 SH
 chmod 755 "$root/usr/local/bin/gpuboot-apt-proxy"
 echo 'Acquire::http::Proxy-Auto-Detect "/usr/local/bin/gpuboot-apt-proxy";' \
