@@ -89,3 +89,22 @@ def test_preflight_reports_every_problem_on_every_host_at_once(lab, tmp_path, ca
         assert f"{host}: " in failures[0]["message"] and "MiB memory" in failures[0]["message"]
     finished = events[-1]
     assert finished["status"] == "failed" and finished["resume"].endswith("--from preflight")
+
+
+def test_plain_ansible_playbook_runs_the_same_phase(lab):
+    """The inventory and playbooks work without gpuboot: plain ansible-playbook -i."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(root / "ansible.cfg"), ANSIBLE_HOST_KEY_CHECKING="True",
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(lab["root"] / "plain-facts"))
+    playbook = Path(sys.executable).parent / "ansible-playbook"
+    proc = subprocess.run([str(playbook), "-i", str(lab["inventory"]), str(root / "playbooks" / "os_prep.yml")],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    recap = proc.stdout[proc.stdout.index("PLAY RECAP"):]
+    for host in lab["state"].addresses:
+        assert f"{host}" in recap
+    assert "failed=0" in recap and "unreachable=1" not in recap

@@ -130,6 +130,23 @@ def _run(app: App, cluster, phases, output: str, *, check: bool, diff: bool, for
 
 @cli.command()
 @inventory_arg
+@click.option("--phase", "phases", multiple=True, metavar="PHASE", help="Render only these phases (repeatable).")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Directory to write into.")
+@pass_app
+def render(app: App, inventory: str, phases: tuple[str, ...], out: str) -> None:
+    """Write every configuration file the phases would produce, touching no host."""
+    from gpuboot.phases.render import render as render_files
+    cluster = load_cluster(inventory)
+    state = ClusterState.for_cluster(app.state_dir, cluster.settings.cluster_name)
+    files = render_files(cluster, Path(out), phases, state, lambda event: None)
+    root = Path(out).resolve()
+    for path in files:
+        app.console.print(f"  {path.relative_to(root)}")
+    app.console.print(f"[green]rendered[/] {len(files)} files into {out}")
+
+
+@cli.command()
+@inventory_arg
 @click.option("--output", type=click.Choice(["text", "json"]), default="text")
 @pass_app
 def status(app: App, inventory: str, output: str) -> None:

@@ -41,6 +41,8 @@ class RunOptions:
     host_key_checking: bool = True
     verbosity: int = 0
     resume_hint: str = "gpuboot up {inventory} --from {phase}"
+    extravars: tuple[tuple[str, object], ...] = ()  # more run-wide extra vars, as data
+    record_state: bool = True  # False for runs that change nothing on hosts (render)
 
 
 @lru_cache(maxsize=None)
@@ -101,7 +103,8 @@ class Engine:
             inventory=Path(self.cluster.inventory).resolve(),
             artifact_dir=run_dir / "phases",
             ident=phase.name,
-            extravars={"gpuboot_action": self.options.action, "gpuboot_run_id": run_id},
+            extravars={"gpuboot_action": self.options.action, "gpuboot_run_id": run_id,
+                       **dict(self.options.extravars)},
             envvars=self._envvars(run_dir),
             forks=forks_for(self.cluster),
             check=self.options.check,
@@ -178,7 +181,7 @@ class Engine:
                     phase_ok = result.ok
                     self.sink(PhaseFinished(phase.name, "ok" if phase_ok else "failed", changed,
                                             failed_hosts, round(time.monotonic() - t0, 2)))
-                    if not self.options.check:
+                    if not self.options.check and self.options.record_state:
                         self.state.record_phase(phase.name, status="ok" if phase_ok else "failed",
                                                 fingerprint=digest, run_id=run_id, changed=changed)
                     if not phase_ok:

@@ -1,0 +1,36 @@
+"""`gpuboot render` writes what the phases would write, touching no host (the sample's
+hosts do not exist), and matches the reviewed golden copy in tests/golden/sample."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuboot.cli.main import run
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "inventories" / "sample" / "inventory.yml"
+GOLDEN = ROOT / "tests" / "golden" / "sample"
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_render_sample_matches_golden(tmp_path, capsys):
+    out = tmp_path / "render"
+    assert run(["render", str(SAMPLE), "--out", str(out)]) == 0
+    got, want = tree(out), tree(GOLDEN)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], name
+    # GPU workers get the nouveau blacklist, others do not.
+    assert "gpu01/etc/modprobe.d/gpuboot-blacklist-nouveau.conf" in got
+    assert "cp01/etc/modprobe.d/gpuboot-blacklist-nouveau.conf" not in got
+    # Secrets are references: the credential files' paths, never their content.
+    assert "credentials_file: /etc/gpuboot/secrets/mirror-credentials.json" in got["cluster/gpuboot.yml"]
+
+
+def test_render_unknown_or_unrenderable_phase(tmp_path, capsys):
+    assert run(["render", str(SAMPLE), "--phase", "nope", "--out", str(tmp_path)]) == 2
+    assert "no such phase" in capsys.readouterr().err
+    assert run(["render", str(SAMPLE), "--phase", "cni", "--out", str(tmp_path)]) == 2
+    assert "nothing to render yet" in capsys.readouterr().err

@@ -1,0 +1,21 @@
+"""ansible-playbook --syntax-check on every playbook, with the sample inventory."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAYBOOKS = sorted((ROOT / "playbooks").glob("*.yml"))
+
+
+@pytest.mark.parametrize("playbook", PLAYBOOKS, ids=[p.stem for p in PLAYBOOKS])
+def test_syntax(playbook):
+    exe = Path(sys.executable).parent / "ansible-playbook"
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"))
+    proc = subprocess.run([str(exe), "--syntax-check", "-i", str(ROOT / "inventories/sample/inventory.yml"),
+                           str(playbook)], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
