@@ -19,6 +19,7 @@ from gpuboot.lab.image import ensure_image
 from gpuboot.lab.podman import Podman
 
 LABEL = "io.gpuboot.lab"
+INOTIFY = "fs.inotify.max_user_instances"
 DEFAULT_CACHE = Path.home() / ".cache" / "gpuboot" / "lab"
 
 
@@ -113,6 +114,7 @@ class Lab:
                         "--disable-dns", "--label", f"{LABEL}={spec.name}", state.network)
         firewall.install(spec.name, subnet)
         nodes = spec.nodes()
+        self._raise_inotify(state, len(nodes))
         state.addresses = {name: str(hosts[10 + i]) for i, (name, _) in enumerate(nodes)}
         add_hosts = [arg for name, ip in state.addresses.items() for arg in ("--add-host", f"{name}:{ip}")]
         t0 = time.monotonic()
@@ -129,6 +131,39 @@ class Lab:
         state.status = "up"
         self._save(state)
         return state
+
+    def _raise_inotify(self, state: LabState, new_nodes: int) -> None:
+        """systemd in every node holds inotify instances; the host's default of 128 runs out
+        at about 20 nodes and the rest never start sshd. Raise it, and say so."""
+        path = Path(f"/proc/sys/{INOTIFY.replace('.', '/')}")
+        current = int(path.read_text())
+        running = len(self.podman.containers(LABEL))
+        needed = 256 + 16 * (running + new_nodes)
+        if current >= needed:
+            return
+        # Shared by all labs on this machine: the last `lab down` puts the original back.
+        record = self._sysctl_record()
+        saved = json.loads(record.read_text()) if record.exists() else {}
+        saved.setdefault(INOTIFY, current)
+        record.write_text(json.dumps(saved))
+        path.write_text(str(needed))
+        self.log(f"raised host {INOTIFY} from {current} to {needed} for {running + new_nodes} lab nodes "
+                 "(restored by `lab down`)")
+
+    def _sysctl_record(self) -> Path:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        return self.cache_dir / "host-sysctls.json"
+
+    def _restore_host_sysctls(self) -> list[str]:
+        record = self._sysctl_record()
+        if not record.exists() or self.podman.containers(LABEL):
+            return []
+        restored = []
+        for key, value in json.loads(record.read_text()).items():
+            Path(f"/proc/sys/{key.replace('.', '/')}").write_text(str(value))
+            restored.append(f"host {key} back to {value}")
+        record.unlink()
+        return restored
 
     def _ssh_key(self) -> Path:
         key = self.dir / "id_ed25519"
@@ -205,6 +240,7 @@ class Lab:
         if firewall.exists(name):
             firewall.remove(name)
             removed.append(f"nft table {firewall.table_name(name)}")
+        removed += self._restore_host_sysctls()
         if state is not None:
             aptcache.stop(state.acng_pid)
             if state.acng_pid:

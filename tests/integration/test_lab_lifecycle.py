@@ -1,0 +1,74 @@
+"""The lab's bad inputs and half-finished states say what is wrong and how to fix it,
+and `lab down` cleans up whatever a failed `lab up` left."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuboot.errors import LabError
+from gpuboot.lab import aptcache, firewall
+from gpuboot.lab.cluster import Lab, LabSpec
+from tests.integration.conftest import LAB_SUBNET
+
+pytestmark = pytest.mark.lab
+
+
+def test_missing_podman_is_named_with_the_fix(monkeypatch, tmp_path):
+    import gpuboot.lab.podman as podman_module
+    monkeypatch.setattr(podman_module.shutil, "which", lambda name: None)
+    with pytest.raises(LabError) as info:
+        Lab(tmp_path)
+    assert "podman is not installed" in str(info.value) and "apt-get install podman" in str(info.value)
+
+
+def test_subnet_in_use_is_refused(lab, tmp_path):
+    other = Lab(tmp_path / "clash", log=lambda m: None)
+    with pytest.raises(LabError, match="overlaps"):
+        other.up(LabSpec(name="clash", subnet=LAB_SUBNET), tmp_path / "inv.yml")
+    assert not other.podman.exists("network", "gpuboot-clash")
+
+
+def test_too_many_nodes_for_the_subnet(tmp_path):
+    small = Lab(tmp_path, log=lambda m: None)
+    with pytest.raises(LabError, match="do not fit"):
+        small.up(LabSpec(name="tiny", workers=20, subnet="10.213.77.0/28"), tmp_path / "inv.yml")
+
+
+def test_half_finished_lab_is_detected_and_cleaned(monkeypatch, tmp_path, lab):
+    half = Lab(tmp_path / "half", log=lambda m: None)
+    spec = LabSpec(name="half", control_planes=1, workers=0, gpu_workers=1, subnet="10.213.78.0/24")
+
+    def cache_fails(*args, **kwargs):
+        raise LabError("apt cache failed (simulated)")
+    monkeypatch.setattr(aptcache, "start", cache_fails)
+    with pytest.raises(LabError, match="simulated"):
+        half.up(spec, tmp_path / "inv.yml")
+    # Containers, network and firewall exist now; a second `up` refuses and says what to do.
+    assert json.loads(half.state_file.read_text())["status"] == "creating"
+    with pytest.raises(LabError) as info:
+        half.up(spec, tmp_path / "inv.yml")
+    assert "did not finish" in str(info.value) and "gpuboot lab down" in str(info.value)
+
+    removed = half.down("half")
+    assert "gpuboot-half-cp1" in removed and "gpuboot-half" in removed
+    assert not half.podman.exists("network", "gpuboot-half")
+    assert not half.podman.names("container", "io.gpuboot.lab=half")
+    assert not firewall.exists("half")
+    assert not half.state_file.exists()
+    # The running lab was not touched.
+    assert lab["lab"].podman.names("container", "io.gpuboot.lab=itest")
+
+
+def test_lab_network_is_fenced(lab):
+    """Nodes reach each other and this machine; the forward chain drops everything that
+    would leave the lab subnet or enter it from outside. (No test sends traffic outside.)"""
+    import subprocess
+    from tests.integration.conftest import ssh
+    inside = ssh(lab, "itest-cp1", "ping -c1 -W2 itest-w1 >/dev/null && echo ok")
+    assert inside.stdout.strip() == "ok"
+    rules = subprocess.run(["nft", "list", "table", "inet", firewall.table_name("itest")],
+                           capture_output=True, text=True, check=True).stdout
+    assert f"ip saddr {LAB_SUBNET} ip daddr != {LAB_SUBNET}" in rules and "drop" in rules
+    assert f"ip daddr {LAB_SUBNET} ip saddr != {LAB_SUBNET}" in rules
+    assert "hook forward priority" in rules
