@@ -108,3 +108,31 @@ def test_plain_ansible_playbook_runs_the_same_phase(lab):
     for host in lab["state"].addresses:
         assert f"{host}" in recap
     assert "failed=0" in recap and "unreachable=1" not in recap
+
+
+def test_facts_are_gathered_once_per_run(lab, capsys):
+    """One fact gathering per run: the second phase reuses the first phase's facts."""
+    assert run(["up", str(lab["inventory"]), "--to", "os_prep", "--force", "--output", "json"]) == 0
+    events = events_of(capsys.readouterr().out)
+    phase = None
+    gathered: dict[str, set[str]] = {}
+    for event in events:
+        if event["event"] == "PhaseStarted":
+            phase = event["phase"]
+        if event["event"] == "HostResult" and event["task"] == "Gathering Facts" and event["status"] == "ok":
+            gathered.setdefault(phase, set()).add(event["host"])
+    assert gathered == {"preflight": set(lab["state"].addresses)}
+
+
+def test_plan_check_runs_check_mode_and_records_nothing(lab, capsys):
+    inventory = str(lab["inventory"])
+    assert run(["plan", inventory, "--to", "os_prep", "--check", "--output", "json"]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(out[:out.index("\n]") + 2])
+    assert [r["phase"] for r in rows] == ["preflight", "os_prep"]
+    events = events_of(out[out.index("\n]") + 2:])
+    assert events[-1]["event"] == "RunFinished" and events[-1]["status"] == "ok"
+    assert not [e for e in events if e["event"] == "HostResult" and e["status"] == "changed"]
+    assert run(["status", inventory, "--output", "json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert runs[-1]["command"] == "plan --check" and runs[-1]["check"] is True
