@@ -15,6 +15,14 @@ class Component(BaseModel):
     version: str
 
 
+class OsPackages(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    containerd: dict[str, str | int]
+    kube_packages: Component
+    kernel_headers: str
+    gpu_driver_container: bool
+
+
 class Release(BaseModel):
     """Only the fields Python needs; the playbooks read the whole file."""
 
@@ -22,7 +30,11 @@ class Release(BaseModel):
     name: str
     kubernetes: Component
     containerd: Component
-    supported_os: list[str]
+    os: dict[str, OsPackages]
+
+    @property
+    def supported_os(self) -> list[str]:
+        return list(self.os)
 
 
 def available(releases_dir: Path | None = None) -> list[str]:

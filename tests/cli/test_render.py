@@ -27,6 +27,11 @@ def test_render_sample_matches_golden(tmp_path, capsys):
     assert "cp01/etc/modprobe.d/gpuboot-blacklist-nouveau.conf" not in got
     # Secrets are references: the credential files' paths, never their content.
     assert "credentials_file: /etc/gpuboot/secrets/mirror-credentials.json" in got["cluster/gpuboot.yml"]
+    nvcr = got["gpu01/etc/containerd/certs.d/nvcr.io/hosts.toml"]
+    assert "<secret: Basic credentials read from /etc/gpuboot/secrets/mirror-credentials.json>" in nvcr
+    # Air-gapped: the mirror is the server, so a miss never falls back to the internet.
+    assert 'server = "https://mirror01.example.internal:5000"' in nvcr
+    assert 'imports = ["/etc/containerd/conf.d/*.toml"]' in got["cp01/etc/containerd/config.toml"]
 
 
 def test_render_unknown_or_unrenderable_phase(tmp_path, capsys):

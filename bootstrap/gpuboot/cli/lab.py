@@ -78,3 +78,30 @@ def lab_molecule(app: App, roles: tuple[str, ...], keep: bool) -> None:
     failed = [r.role for r in results if not r.ok]
     if failed:
         raise LabError(f"molecule failed for: {', '.join(failed)}", hint="read the logs listed above")
+
+
+def _vm_lab(app: App, name: str):
+    from gpuboot.lab.cluster import DEFAULT_CACHE
+    from gpuboot.lab.vm import VmLab
+    return VmLab(app.state_dir / "_lab" / f"vm-{name}", DEFAULT_CACHE, log=lambda m: app.console.print(f"[dim]{m}[/]"))
+
+
+@lab.command("vm-up")
+@click.option("--name", default="vm", show_default=True)
+@click.option("--count", default=1, show_default=True, type=click.IntRange(1, 3))
+@click.option("--inventory", default="inventories/lab/vm-inventory.yml", show_default=True,
+              type=click.Path(dir_okay=False))
+@pass_app
+def lab_vm_up(app: App, name: str, count: int, inventory: str) -> None:
+    """Start VMs with their own kernel (slow: software emulation) and write their inventory."""
+    state = _vm_lab(app, name).up(name, count, Path(inventory).resolve())
+    app.console.print(f"[green]{len(state.vms)} VM(s) up[/]; inventory {inventory}")
+
+
+@lab.command("vm-down")
+@click.option("--name", default="vm", show_default=True)
+@pass_app
+def lab_vm_down(app: App, name: str) -> None:
+    """Stop the VMs and remove their disks and inventory."""
+    removed = _vm_lab(app, name).down()
+    app.console.print(f"removed {len(removed)} VM(s)")

@@ -69,6 +69,8 @@ class Mirror(Strict):
     ca_file: FilePath | None = None
     credentials_file: FilePath | None = None
     packages_url: str | None = None
+    # Signing key of the package repository at packages_url (apt signed-by, rpm gpgkey).
+    packages_key_file: FilePath | None = None
 
     @model_validator(mode="after")
     def _registry_when_air_gapped(self) -> "Mirror":
@@ -109,6 +111,8 @@ class GpubootSettings(Strict):
 
 
 class GpuSettings(Strict):
+    # How many GPUs the node must show; preflight fails when one has fallen off the bus.
+    count: int | None = Field(None, ge=1, le=16)
     mig_strategy: Literal["none", "single", "mixed"] = "none"
     mig_profile: str | None = None
     time_slicing_replicas: int | None = Field(None, ge=2, le=64)

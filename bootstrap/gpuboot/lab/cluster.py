@@ -288,7 +288,9 @@ def write_inventory(spec: LabSpec, state: LabState, path: Path, key: Path, known
             "control_plane": {"hosts": groups["control_plane"]},
             "workers": {"hosts": groups["workers"] or None,
                         "children": {"gpu_workers": {"hosts": {
-                            name: {**vars_, "gpuboot_node": {"gpu": {"mig_strategy": "none"}}}
+                            # Lab-only: these "GPU" workers have no GPU, so preflight must not ask for one.
+                            name: {**vars_, "gpuboot_node": {"gpu": {"mig_strategy": "none"}},
+                                   "preflight_expect_gpu": False}
                             for name, vars_ in groups["gpu_workers"].items()} or None}}},
         },
     }}

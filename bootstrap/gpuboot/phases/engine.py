@@ -66,6 +66,21 @@ def fingerprint(cluster: Cluster, phase: Phase, options: RunOptions) -> str:
     return digest.hexdigest()
 
 
+def ssh_defaults(cluster: Cluster) -> dict[str, str]:
+    """gpuboot.ssh as Ansible's configuration defaults: the lowest precedence, so a host's or
+    group's own ansible_user, ansible_port, ... in the inventory still wins."""
+    ssh = cluster.settings.ssh
+    env = {"ANSIBLE_REMOTE_USER": ssh.user, "ANSIBLE_REMOTE_PORT": str(ssh.port)}
+    if ssh.private_key_file:
+        key = Path(ssh.private_key_file).expanduser()
+        env["ANSIBLE_PRIVATE_KEY_FILE"] = str(key if key.is_absolute() else Path(cluster.inventory).parent / key)
+    if ssh.jump_host:
+        jump = next((n for n in cluster.nodes if n.name == ssh.jump_host), None)
+        target = f"{ssh.user}@{jump.address}:{jump.port}" if jump else f"{ssh.user}@{ssh.jump_host}"
+        env["ANSIBLE_SSH_COMMON_ARGS"] = f"-o ProxyJump={target}"
+    return env
+
+
 def forks_for(cluster: Cluster) -> int:
     return max(1, min(len(cluster.nodes), 64))
 
@@ -95,6 +110,7 @@ class Engine:
             # ansible-runner turns host-key checking off unless told otherwise.
             "ANSIBLE_HOST_KEY_CHECKING": "True" if self.options.host_key_checking else "False",
         }
+        env.update(ssh_defaults(self.cluster))
         return env
 
     def _run_phase(self, phase: Phase, run_dir: Path, run_id: str) -> PlaybookResult:

@@ -1,0 +1,299 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Read-only GPU, NIC, IOMMU and Secure Boot discovery from /sys and /proc, and the problems
+it finds against what the inventory says the node has."""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpuboot_hardware_facts
+short_description: Discover NVIDIA GPUs, RDMA/SR-IOV NICs, IOMMU and Secure Boot; compare with the inventory
+description:
+  - Reads PCI devices from sysfs (vendor 0x10de GPUs, 0x15b3 ConnectX NICs), loaded modules,
+    the NVIDIA driver version, IOMMU mode and the Secure Boot EFI variable. Never changes anything.
+  - Returns the facts as C(gpuboot_hardware) and every mismatch with the inventory in C(problems).
+options:
+  expect_gpu: {type: bool, default: false, description: The node is a GPU worker and must have NVIDIA GPUs.}
+  gpu: {type: dict, default: {}, description: "The node's gpuboot_node.gpu settings (count, mig_strategy, mig_profile)."}
+  nics: {type: list, elements: dict, default: [], description: "The node's gpuboot_node.nics."}
+  kernel_module_type: {type: str, default: open, description: "The release's GPU driver kernel module type (open, proprietary, auto)."}
+  sys_root: {type: path, default: /sys, description: Where sysfs is mounted (another root reads a captured tree).}
+  proc_root: {type: path, default: /proc, description: Where procfs is mounted.}
+"""
+
+import glob
+import os
+
+NVIDIA = "0x10de"
+MELLANOX = "0x15b3"
+SECURE_BOOT_VAR = "efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+# MIG GPU instance profiles per memory size, as nvidia-smi and mig-parted name them.
+MIG_80GB = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+MIG_40GB = ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
+MIG_94GB = ("1g.12gb", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb")
+MIG_141GB = ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb")
+MIG_180GB = ("1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb")
+MIG_A30 = ("1g.6gb", "2g.12gb", "4g.24gb")
+
+# PCI device id -> (product, architecture, MIG profiles or () when the GPU has no MIG).
+GPU_PRODUCTS = {
+    "0x2330": ("H100 SXM5 80GB", "hopper", MIG_80GB),
+    "0x2331": ("H100 PCIe 80GB", "hopper", MIG_80GB),
+    "0x2321": ("H100 NVL 94GB", "hopper", MIG_94GB),
+    "0x2335": ("H200 SXM 141GB", "hopper", MIG_141GB),
+    "0x233b": ("H200 NVL 141GB", "hopper", MIG_141GB),
+    "0x2901": ("B200 180GB", "blackwell", MIG_180GB),
+    "0x20b0": ("A100 SXM4 40GB", "ampere", MIG_40GB),
+    "0x20b2": ("A100 SXM4 80GB", "ampere", MIG_80GB),
+    "0x20b5": ("A100 PCIe 80GB", "ampere", MIG_80GB),
+    "0x20f1": ("A100 PCIe 40GB", "ampere", MIG_40GB),
+    "0x20b7": ("A30 24GB", "ampere", MIG_A30),
+    "0x26b5": ("L40 48GB", "ada", ()),
+    "0x26b9": ("L40S 48GB", "ada", ()),
+    "0x1db1": ("V100 SXM2 16GB", "volta", ()),
+    "0x1db5": ("V100 SXM2 32GB", "volta", ()),
+    "0x1db4": ("V100 PCIe 16GB", "volta", ()),
+}
+# The open kernel modules (and so GPUDirect over DMA-BUF) need Turing or newer.
+PRE_TURING = ("kepler", "maxwell", "pascal", "volta")
+# mig-parted's default configurations that exist for every MIG-capable GPU.
+MIG_GENERIC_CONFIGS = ("all-disabled", "all-enabled", "all-balanced")
+
+
+def read(root, *parts):
+    try:
+        with open(os.path.join(root, *parts)) as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def link_name(path):
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return None
+
+
+def pci_device(sys_root, address):
+    base = os.path.join(sys_root, "bus", "pci", "devices", address)
+    if not os.path.isdir(base):
+        return None
+    totalvfs = read(base, "sriov_totalvfs")
+    return {
+        "pci_address": address,
+        "vendor": read(base, "vendor"),
+        "device_id": read(base, "device"),
+        "class": read(base, "class") or "",
+        "driver": link_name(os.path.join(base, "driver")),
+        "numa_node": int(read(base, "numa_node") or -1),
+        "sriov_totalvfs": int(totalvfs) if totalvfs and totalvfs.isdigit() else 0,
+        "sriov_numvfs": int(read(base, "sriov_numvfs") or 0),
+        "interfaces": sorted(os.listdir(os.path.join(base, "net"))) if os.path.isdir(os.path.join(base, "net")) else [],
+        "rdma_devices": (sorted(os.listdir(os.path.join(base, "infiniband")))
+                         if os.path.isdir(os.path.join(base, "infiniband")) else []),
+    }
+
+
+def pci_devices(sys_root):
+    for path in sorted(glob.glob(os.path.join(sys_root, "bus", "pci", "devices", "*"))):
+        device = pci_device(sys_root, os.path.basename(path))
+        if device:
+            yield device
+
+
+def loaded_modules(proc_root):
+    text = read(proc_root, "modules") or ""
+    return {line.split()[0] for line in text.splitlines() if line.strip()}
+
+
+def nvidia_driver(proc_root):
+    text = read(proc_root, "driver", "nvidia", "version")
+    if not text:
+        return None
+    first = text.splitlines()[0]
+    version = next((word for word in first.split() if word.count(".") >= 1 and word.replace(".", "").isdigit()), None)
+    return {"version": version, "open": "Open Kernel Module" in first}
+
+
+def iommu_state(sys_root, proc_root):
+    cmdline = (read(proc_root, "cmdline") or "").split()
+    groups = sorted(glob.glob(os.path.join(sys_root, "kernel", "iommu_groups", "*")))
+    units = glob.glob(os.path.join(sys_root, "class", "iommu", "*"))
+    types = {read(group, "type") for group in groups} - {None}
+    passthrough = ("identity" in types or "iommu=pt" in cmdline or "iommu.passthrough=1" in cmdline)
+    return {"enabled": bool(groups or units), "passthrough": bool(groups or units) and passthrough,
+            "groups": len(groups), "cmdline": [arg for arg in cmdline if "iommu" in arg]}
+
+
+def secure_boot(sys_root):
+    efi = os.path.join(sys_root, "firmware", "efi")
+    if not os.path.isdir(efi):
+        return "not_efi"
+    try:
+        with open(os.path.join(efi, SECURE_BOOT_VAR), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return "unknown"
+    # 4 bytes of variable attributes, then the value: 1 means enforcing.
+    return "enabled" if len(data) >= 5 and data[4] == 1 else "disabled"
+
+
+def gpu_entry(device):
+    product, arch, mig = GPU_PRODUCTS.get(device["device_id"], (f"NVIDIA device {device['device_id']}", "unknown", None))
+    return {"pci_address": device["pci_address"], "device_id": device["device_id"], "product": product,
+            "architecture": arch, "mig_profiles": list(mig) if mig is not None else None,
+            "driver": device["driver"], "numa_node": device["numa_node"]}
+
+
+def resolve_nic(sys_root, selector):
+    """A PF named by interface or PCI address -> its PCI device, or None when absent."""
+    if ":" in selector:
+        return pci_device(sys_root, selector)
+    address = link_name(os.path.join(sys_root, "class", "net", selector, "device"))
+    device = pci_device(sys_root, address) if address else None
+    if device is None and os.path.isdir(os.path.join(sys_root, "class", "net", selector)):
+        return {"pci_address": None, "vendor": None, "device_id": None, "interfaces": [selector],
+                "sriov_totalvfs": 0, "rdma_devices": [], "driver": None}
+    return device
+
+
+def link_type(sys_root, interfaces):
+    kinds = {read(sys_root, "class", "net", name, "type") for name in interfaces}
+    return "ib" if "32" in kinds else "eth" if "1" in kinds else None
+
+
+def discover(sys_root, proc_root, nics):
+    devices = list(pci_devices(sys_root))
+    modules = loaded_modules(proc_root)
+    nic_facts = []
+    for nic in nics:
+        for selector in list(nic.get("pf_names") or []) + list(nic.get("pci_addresses") or []):
+            device = resolve_nic(sys_root, selector)
+            nic_facts.append({"nic": nic.get("name"), "selector": selector, "found": device is not None,
+                              **({"pci_address": device["pci_address"], "vendor": device["vendor"],
+                                  "device_id": device["device_id"], "driver": device["driver"],
+                                  "interfaces": device["interfaces"], "rdma_devices": device["rdma_devices"],
+                                  "sriov_totalvfs": device["sriov_totalvfs"],
+                                  "link_type": link_type(sys_root, device["interfaces"])} if device else {})})
+    return {
+        # Display and 3D controllers only: NVSwitches (class 0x0680) and audio functions share the vendor.
+        "gpus": [gpu_entry(d) for d in devices if d["vendor"] == NVIDIA and d["class"].startswith("0x03")],
+        "nvswitches": sum(1 for d in devices if d["vendor"] == NVIDIA and d["class"].startswith("0x0680")),
+        "connectx": [d["pci_address"] for d in devices if d["vendor"] == MELLANOX and d["class"].startswith("0x02")],
+        "nouveau_loaded": "nouveau" in modules,
+        "nvidia_loaded": "nvidia" in modules,
+        "nvidia_driver": nvidia_driver(proc_root),
+        "iommu": iommu_state(sys_root, proc_root),
+        "secure_boot": secure_boot(sys_root),
+        "nics": nic_facts,
+    }
+
+
+def gpu_problems(facts, gpu, kernel_module_type):
+    """(problems, warnings) of a GPU worker against its inventory settings."""
+    problems, warnings = [], []
+    gpus = facts["gpus"]
+    found = ", ".join(sorted({g["product"] for g in gpus})) or "none"
+    if not gpus:
+        problems.append("no NVIDIA GPU found (PCI vendor 0x10de, display/3D class) but the node is in gpu_workers; "
+                        "check the GPUs are seated and visible (lspci -d 10de:), or move the node to workers")
+        return problems, warnings
+    expected = gpu.get("count")
+    if expected is not None and expected != len(gpus):
+        problems.append(f"the inventory expects {expected} GPU(s), found {len(gpus)} ({found} at "
+                        f"{', '.join(g['pci_address'] for g in gpus)}); a GPU may have fallen off the bus")
+    if len({g["device_id"] for g in gpus}) > 1:
+        problems.append(f"mixed GPU models on one node ({found}); one MIG/time-slicing setting cannot fit both")
+    strategy = gpu.get("mig_strategy") or "none"
+    profile = gpu.get("mig_profile")
+    for product in sorted({g["product"] for g in gpus}):
+        sample = next(g for g in gpus if g["product"] == product)
+        if strategy != "none" and sample["mig_profiles"] == []:
+            problems.append(f"mig_strategy {strategy} is set but {product} has no MIG; set mig_strategy: none "
+                            "(use time_slicing_replicas to share it)")
+        elif strategy != "none" and sample["mig_profiles"] is None:
+            warnings.append(f"{product} is not in gpuboot's GPU table; MIG support was not checked")
+        elif profile and sample["mig_profiles"] and profile not in MIG_GENERIC_CONFIGS:
+            wanted = profile[len("all-"):] if profile.startswith("all-") else None
+            if wanted is None:
+                warnings.append(f"mig_profile {profile} is not a default mig-parted configuration; it must exist in the "
+                                "MIG manager's ConfigMap")
+            elif wanted not in sample["mig_profiles"]:
+                problems.append(f"mig_profile {profile} does not exist on {product}; its profiles are "
+                                f"{', '.join('all-' + p for p in sample['mig_profiles'])} (or all-balanced)")
+        if kernel_module_type == "open" and sample["architecture"] in PRE_TURING:
+            problems.append(f"{product} ({sample['architecture']}) cannot run the open kernel modules this release "
+                            "uses; they need Turing or newer")
+    if facts["secure_boot"] == "enabled":
+        problems.append("Secure Boot is enabled: the GPU Operator's driver container loads kernel modules that are not "
+                        "signed with a key this host trusts; disable Secure Boot in firmware or enroll a signing key "
+                        "and use signed drivers")
+    if facts["nouveau_loaded"]:
+        warnings.append("nouveau is loaded; os_prep blacklists it, and the node needs a reboot before the GPU driver "
+                        "can load")
+    return problems, warnings
+
+
+def nic_problems(facts, nics):
+    problems = []
+    by_selector = {(n["nic"], n["selector"]): n for n in facts["nics"]}
+    for nic in nics:
+        for selector in list(nic.get("pf_names") or []) + list(nic.get("pci_addresses") or []):
+            seen = by_selector[(nic.get("name"), selector)]
+            where = f"NIC {nic.get('name')} port {selector}"
+            if not seen["found"]:
+                problems.append(f"{where} does not exist on this host (ConnectX ports found: "
+                                f"{', '.join(facts['connectx']) or 'none'})")
+                continue
+            if nic.get("rdma", True) and seen["vendor"] != MELLANOX:
+                problems.append(f"{where} is vendor {seen['vendor']}, not NVIDIA/Mellanox ConnectX ({MELLANOX}); "
+                                "RDMA through the Network Operator needs a ConnectX port")
+            wanted_vfs = int(nic.get("num_vfs") or 0)
+            if wanted_vfs and not seen["sriov_totalvfs"]:
+                problems.append(f"{where} has no SR-IOV (sriov_totalvfs is 0 or missing); enable SR-IOV in the NIC "
+                                "firmware (mlxconfig SRIOV_EN=1 NUM_OF_VFS=N) and in BIOS")
+            elif wanted_vfs > seen["sriov_totalvfs"]:
+                problems.append(f"{where} asks for {wanted_vfs} VFs but supports {seen['sriov_totalvfs']} "
+                                "(sriov_totalvfs); lower num_vfs or raise NUM_OF_VFS with mlxconfig")
+            wanted_link = nic.get("link_type") or "eth"
+            if seen["link_type"] and seen["link_type"] != wanted_link:
+                problems.append(f"{where} is in {seen['link_type']} mode but the inventory says link_type {wanted_link}; "
+                                "fix link_type or set LINK_TYPE_P1 with mlxconfig")
+            if nic.get("device_type") == "vfio-pci" and not facts["iommu"]["enabled"]:
+                problems.append(f"{where} wants vfio-pci VFs but the IOMMU is off; add intel_iommu=on (or amd_iommu=on) "
+                                "to the kernel command line")
+    return problems
+
+
+def evaluate(facts, expect_gpu, gpu, nics, kernel_module_type):
+    problems, warnings = gpu_problems(facts, gpu or {}, kernel_module_type) if expect_gpu else ([], [])
+    problems += nic_problems(facts, nics)
+    if nics and any(n.get("rdma", True) for n in nics) and facts["iommu"]["enabled"] and not facts["iommu"]["passthrough"]:
+        warnings.append("the IOMMU translates DMA; GPUDirect RDMA is much slower that way: add iommu=pt to the "
+                        "kernel command line")
+    return problems, warnings
+
+
+def main():
+    from ansible.module_utils.basic import AnsibleModule
+
+    module = AnsibleModule(argument_spec={
+        "expect_gpu": {"type": "bool", "default": False},
+        "gpu": {"type": "dict", "default": {}},
+        "nics": {"type": "list", "elements": "dict", "default": []},
+        "kernel_module_type": {"type": "str", "default": "open", "choices": ["open", "proprietary", "auto"]},
+        "sys_root": {"type": "path", "default": "/sys"},
+        "proc_root": {"type": "path", "default": "/proc"},
+    }, supports_check_mode=True)
+    params = module.params
+    facts = discover(params["sys_root"], params["proc_root"], params["nics"])
+    problems, warnings = evaluate(facts, params["expect_gpu"], params["gpu"], params["nics"],
+                                  params["kernel_module_type"])
+    for warning in warnings:
+        module.warn(warning)
+    module.exit_json(changed=False, ansible_facts={"gpuboot_hardware": facts}, problems=problems)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The node-preparation phases end to end over real SSH on every lab node: preflight, os_prep,
+container_runtime (Debian's real containerd) and kube_packages (stand-in packages from a
+TEST DOUBLE repository until the lab builds Kubernetes from Go modules), then a second run
+that changes nothing, even after the NVIDIA toolkit has added its containerd drop-in."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuboot.cli.main import run
+from tests.integration.conftest import edit_inventory, ssh
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE = yaml.safe_load((ROOT / "mirror" / "releases" / "k8s-1.34.yml").read_text())["gpuboot_release"]
+DEBIAN = RELEASE["os"]["debian-12"]
+STANDIN = (ROOT / "tests" / "doubles" / "kube_packages" / "standin_repo.py").read_text()
+TOOLKIT_DROPIN = """# stand-in for the NVIDIA container toolkit's drop-in (same shape)
+version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "%s"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = true
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+        BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+        SystemdCgroup = true
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "/etc/containerd/certs.d"
+""" % RELEASE["kubernetes"]["pause_image"]
+
+
+def events_of(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def prepared_inventory(lab, tmp_path_factory):
+    hosts = sorted(lab["state"].addresses)
+    for host in hosts:
+        result = ssh(lab, host, f"cat > /root/standin_repo.py <<'PY'\n{STANDIN}\nPY\n"
+                                f"python3 /root/standin_repo.py {DEBIAN['kube_packages']['version']} /srv/gpuboot-standin")
+        assert result.returncode == 0, result.stderr
+
+    def use_standin_repo(data):
+        # Host vars: they outrank the playbooks' group_vars mapping of the mirror settings.
+        groups = data["all"]["children"]
+        for group in (groups["control_plane"], groups["workers"], groups["workers"]["children"]["gpu_workers"]):
+            for vars_ in (group.get("hosts") or {}).values():
+                vars_["kube_packages_apt_repository"] = "deb [trusted=yes] file:/srv/gpuboot-standin ./"
+
+    return edit_inventory(lab["inventory"], tmp_path_factory.mktemp("prep") / "inventory.yml", use_standin_repo)
+
+
+def test_four_phases_converge_then_a_second_run_changes_nothing(lab, prepared_inventory, capsys):
+    inventory = str(prepared_inventory)
+    assert run(["up", inventory, "--to", "kube_packages", "--force", "--output", "json"]) == 0
+    events = events_of(capsys.readouterr().out)
+    assert [e["phase"] for e in events if e["event"] == "PhaseFinished"] == [
+        "preflight", "os_prep", "container_runtime", "kube_packages"]
+    stats = [e for e in events if e["event"] == "PlaybookStats"]
+    assert all(set(s["hosts"]) == set(lab["state"].addresses) for s in stats)
+    assert all(c["failed"] == 0 and c["unreachable"] == 0 for s in stats for c in s["hosts"].values())
+
+    for host in lab["state"].addresses:
+        result = ssh(lab, host, "systemctl is-active containerd; ctr version >/dev/null && echo ctr-answers; "
+                                "dpkg-query -W -f='${Version} ${Status}\\n' containerd kubeadm kubelet kubectl; "
+                                "systemctl is-enabled kubelet; systemctl is-active kubelet || true; "
+                                "containerd config dump | grep -c 'SystemdCgroup = true'")
+        lines = result.stdout.splitlines()
+        assert lines[:2] == ["active", "ctr-answers"], (host, result.stdout, result.stderr)
+        assert lines[2] == f"{DEBIAN['containerd']['version']} hold ok installed", host
+        version = DEBIAN["kube_packages"]["version"]
+        assert lines[3:6] == [f"{version} hold ok installed"] * 3, (host, lines)
+        assert lines[6:8] == ["enabled", "inactive"], (host, lines)
+        assert int(lines[8]) >= 1
+
+    # The GPU Operator's toolkit adds its runtime as a drop-in and restarts containerd.
+    gpu = next(h for h in lab["state"].addresses if "gpu" in h)
+    placed = ssh(lab, gpu, f"cat > /etc/containerd/conf.d/99-nvidia.toml <<'EOF'\n{TOOLKIT_DROPIN}EOF\n"
+                           "systemctl restart containerd && sha256sum /etc/containerd/conf.d/99-nvidia.toml")
+    assert placed.returncode == 0, placed.stderr
+
+    assert run(["up", inventory, "--to", "kube_packages", "--force", "--output", "json"]) == 0
+    events = events_of(capsys.readouterr().out)
+    changed = [(e["host"], e["task"]) for e in events if e["event"] == "HostResult" and e["status"] == "changed"]
+    assert changed == []
+    after = ssh(lab, gpu, "sha256sum /etc/containerd/conf.d/99-nvidia.toml; containerd config dump")
+    assert after.stdout.splitlines()[0] == placed.stdout.splitlines()[-1]
+    assert "nvidia-container-runtime" in after.stdout and "SystemdCgroup = true" in after.stdout

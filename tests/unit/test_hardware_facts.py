@@ -1,0 +1,131 @@
+"""Preflight's GPU/NIC discovery, fed /sys and /proc trees from a real H100 capture and from
+synthetic HGX servers (tests/doubles/hardware). The parsing code is the module the role runs."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.doubles.hardware.sysfs import build_tree, hgx_server, load_capture
+
+MODULE_PATH = Path(__file__).resolve().parents[2] / "roles" / "preflight" / "library" / "gpuboot_hardware_facts.py"
+spec = importlib.util.spec_from_file_location("gpuboot_hardware_facts", MODULE_PATH)
+hw = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(hw)
+
+FABRIC = {"name": "fabric", "pf_names": ["ens1f0np0", "ens2f0np0"], "num_vfs": 8, "link_type": "eth",
+          "resource_name": "nvidia.com/cx7_fabric", "rdma": True}
+
+
+def discover(facts, tmp_path, nics=()):
+    sys_root, proc_root = build_tree(facts, tmp_path / "host")
+    return hw.discover(str(sys_root), str(proc_root), list(nics))
+
+
+def evaluate(facts, tmp_path, gpu=None, nics=(), expect_gpu=True, module_type="open"):
+    found = discover(facts, tmp_path, nics)
+    return hw.evaluate(found, expect_gpu, gpu or {}, list(nics), module_type)
+
+
+def test_real_h100_capture_is_one_open_module_h100(tmp_path):
+    found = discover(load_capture("h100-sxm5-vm-capture"), tmp_path)
+    assert [(g["pci_address"], g["product"], g["architecture"], g["driver"]) for g in found["gpus"]] == [
+        ("0000:00:06.0", "H100 SXM5 80GB", "hopper", "nvidia")]
+    assert found["nvidia_driver"] == {"version": "580.159.04", "open": True}
+    assert found["nvidia_loaded"] and not found["nouveau_loaded"]
+    assert found["secure_boot"] == "not_efi"
+    assert found["iommu"] == {"enabled": False, "passthrough": False, "groups": 0, "cmdline": []}
+    assert found["nvswitches"] == 0
+    # The virtio NIC of the capture is not a ConnectX.
+    assert found["connectx"] == []
+    assert evaluate(load_capture("h100-sxm5-vm-capture"), tmp_path / "e", gpu={"count": 1, "mig_strategy": "single",
+                                                                           "mig_profile": "all-1g.10gb"}) == ([], [])
+
+
+def test_hgx_counts_gpus_not_nvswitches(tmp_path):
+    found = discover(hgx_server(gpus=8, nvswitches=4), tmp_path, [FABRIC])
+    assert len(found["gpus"]) == 8 and found["nvswitches"] == 4
+    assert {g["product"] for g in found["gpus"]} == {"H200 SXM 141GB"}
+    assert found["iommu"]["enabled"] and found["iommu"]["passthrough"]
+    assert found["secure_boot"] == "disabled"
+    nic = {n["selector"]: n for n in found["nics"]}
+    assert nic["ens1f0np0"]["vendor"] == "0x15b3" and nic["ens1f0np0"]["sriov_totalvfs"] == 16
+    assert nic["ens2f0np0"]["rdma_devices"] == ["mlx5_1"] and nic["ens2f0np0"]["link_type"] == "eth"
+
+
+def test_a_healthy_hgx_has_no_problems(tmp_path):
+    assert evaluate(hgx_server(), tmp_path, gpu={"count": 8, "mig_strategy": "mixed", "mig_profile": "all-balanced"},
+                    nics=[FABRIC]) == ([], [])
+
+
+def test_by_pci_address_and_ib_link(tmp_path):
+    nic = dict(FABRIC, pf_names=[], pci_addresses=["0000:1a:00.0", "0000:2a:00.0"], link_type="ib")
+    assert evaluate(hgx_server(link="ib"), tmp_path, nics=[nic]) == ([], [])
+
+
+@pytest.mark.parametrize("server, gpu, nics, expected", [
+    (hgx_server(gpus=0, nvswitches=0), {}, [], "no NVIDIA GPU found"),
+    (hgx_server(gpus=7), {"count": 8}, [], "the inventory expects 8 GPU(s), found 7 (H200 SXM 141GB"),
+    (hgx_server(gpu_device="0x26b9"), {"mig_strategy": "single"}, [], "mig_strategy single is set but L40S 48GB has no MIG"),
+    (hgx_server(), {"mig_strategy": "single", "mig_profile": "all-1g.10gb"}, [],
+     "mig_profile all-1g.10gb does not exist on H200 SXM 141GB; its profiles are all-1g.18gb"),
+    (hgx_server(gpu_device="0x1db5"), {}, [], "V100 SXM2 32GB (volta) cannot run the open kernel modules"),
+    (hgx_server(secure_boot=True), {}, [], "Secure Boot is enabled"),
+    (hgx_server(connectx=1), {}, [FABRIC], "NIC fabric port ens2f0np0 does not exist on this host (ConnectX ports found: 0000:1a:00.0)"),
+    (hgx_server(sriov_totalvfs=4), {}, [FABRIC], "NIC fabric port ens1f0np0 asks for 8 VFs but supports 4"),
+    (hgx_server(sriov_totalvfs=0), {}, [FABRIC], "NIC fabric port ens1f0np0 has no SR-IOV"),
+    (hgx_server(link="ib"), {}, [FABRIC], "is in ib mode but the inventory says link_type eth"),
+    (hgx_server(iommu=None), {}, [dict(FABRIC, device_type="vfio-pci")], "wants vfio-pci VFs but the IOMMU is off"),
+], ids=["no-gpu", "gpu-missing", "mig-on-l40s", "wrong-mig-profile", "volta-open", "secure-boot",
+        "missing-port", "too-many-vfs", "no-sriov", "link-type", "vfio-without-iommu"])
+def test_each_mismatch_is_a_problem_that_names_what_was_found(tmp_path, server, gpu, nics, expected):
+    problems, _ = evaluate(server, tmp_path, gpu=gpu, nics=nics)
+    assert any(expected in p for p in problems), problems
+
+
+def test_a_non_connectx_port_cannot_do_rdma(tmp_path):
+    server = hgx_server()
+    server["pci"]["0000:1a:00.0"]["vendor"] = "0x8086\n"
+    problems, _ = evaluate(server, tmp_path, nics=[FABRIC])
+    assert problems == ["NIC fabric port ens1f0np0 is vendor 0x8086, not NVIDIA/Mellanox ConnectX (0x15b3); "
+                        "RDMA through the Network Operator needs a ConnectX port"]
+
+
+@pytest.mark.parametrize("server, expected", [
+    (hgx_server(nouveau=True), "nouveau is loaded"),
+    (hgx_server(iommu="DMA-FQ"), "add iommu=pt"),
+    (hgx_server(gpu_device="0x2bff"), "not in gpuboot's GPU table"),
+])
+def test_warnings_do_not_fail(tmp_path, server, expected):
+    problems, warnings = evaluate(server, tmp_path, gpu={"mig_strategy": "single"}, nics=[FABRIC])
+    assert problems == []
+    assert any(expected in w for w in warnings), warnings
+
+
+def test_a_cpu_worker_is_not_asked_for_gpus(tmp_path):
+    assert evaluate(hgx_server(gpus=0, nvswitches=0), tmp_path, expect_gpu=False) == ([], [])
+
+
+def test_the_module_runs_as_ansible_runs_it(tmp_path):
+    """Through AnsibleModule's own argument parsing, as Ansible calls it: JSON args in, JSON out."""
+    sys_root, proc_root = build_tree(hgx_server(gpus=7), tmp_path / "host")
+    args = {"ANSIBLE_MODULE_ARGS": {"expect_gpu": True, "gpu": {"count": 8}, "nics": [FABRIC],
+                                    "sys_root": str(sys_root), "proc_root": str(proc_root)}}
+    result = subprocess.run([sys.executable, str(MODULE_PATH)], input=json.dumps(args), capture_output=True,
+                            text=True, check=False)
+    output = json.loads(result.stdout)
+    assert output["changed"] is False
+    assert len(output["ansible_facts"]["gpuboot_hardware"]["gpus"]) == 7
+    assert output["problems"] == ["the inventory expects 8 GPU(s), found 7 (H200 SXM 141GB at 0000:18:00.0, "
+                                  "0000:28:00.0, 0000:38:00.0, 0000:48:00.0, 0000:58:00.0, 0000:68:00.0, "
+                                  "0000:78:00.0); a GPU may have fallen off the bus"]
+
+
+def test_documentation_is_valid_yaml():
+    import yaml
+    doc = yaml.safe_load(hw.DOCUMENTATION)
+    assert set(doc["options"]) == {"expect_gpu", "gpu", "nics", "kernel_module_type", "sys_root", "proc_root"}
