@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(podman runc mmdebstrap apt-cacher-ng uidmap nftables iproute2 openssh-client openssh-server)
+packages=(podman runc mmdebstrap apt-cacher-ng uidmap nftables iproute2 openssh-client openssh-server
+          qemu-system-x86 qemu-utils e2fsprogs openssl)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
