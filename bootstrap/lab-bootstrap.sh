@@ -13,12 +13,14 @@ if ! "$gpuboot" lab status --output json | grep -q '"running"'; then
 fi
 "$gpuboot" validate "$inventory" --check-files
 # Stop before the first phase that is not built yet (plan marks it), instead of failing there.
+# kube_packages needs a repository with kubeadm/kubelet/kubectl: the lab has none until it
+# builds Kubernetes from Go modules, so the lab stops before it (its tests use stand-ins).
 last=$("$gpuboot" plan "$inventory" --output json | .venv/bin/python -c '
 import json, sys
 rows = json.load(sys.stdin)
 built = []
 for row in rows:
-    if row["action"].startswith("NOT IMPLEMENTED"):
+    if row["action"].startswith("NOT IMPLEMENTED") or row["phase"] == "kube_packages":
         break
     built.append(row["phase"])
 print(built[-1])')

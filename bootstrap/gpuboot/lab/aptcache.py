@@ -1,9 +1,7 @@
 """The apt cache on the lab's gateway: the only way lab nodes reach Debian packages."""
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -11,6 +9,7 @@ from pathlib import Path
 
 from gpuboot.errors import LabError
 from gpuboot.lab.image import debian_sources
+from gpuboot.lab.process import stop_own_process
 
 # Not apt-cacher-ng's usual 3142, so a system-wide cache on this machine cannot collide.
 PORT = 3143
@@ -76,17 +75,4 @@ def start(conf_dir: Path, bind: str) -> int:
 
 def stop(pid: int | None) -> None:
     """Stop the cache by PID, and only if that PID is still apt-cacher-ng."""
-    if not pid:
-        return
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return
-    if b"apt-cacher-ng" not in cmdline:
-        return
-    os.kill(pid, signal.SIGTERM)
-    for _ in range(50):
-        if not Path(f"/proc/{pid}").exists():
-            return
-        time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
+    stop_own_process(pid, b"apt-cacher-ng")

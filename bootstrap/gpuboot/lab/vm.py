@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from gpuboot.errors import LabError
+from gpuboot.lab.process import stop_own_process
 from gpuboot.lab.image import PACKAGES, RECIPE_VERSION, SUITE, debian_sources
 
 # chrony is baked in: os_prep installs it, and VMs have no package source (restrict=on).
@@ -182,7 +182,7 @@ class VmLab:
         if state is None:
             return removed
         for host, vm in state.vms.items():
-            _stop_qemu(vm.get("pid"))
+            stop_own_process(vm.get("pid"), b"qemu-system")
             Path(vm["overlay"]).unlink(missing_ok=True)
             removed.append(host)
         if state.inventory:
@@ -195,19 +195,3 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def _stop_qemu(pid: int | None) -> None:
-    if not pid:
-        return
-    try:
-        if b"qemu-system" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return
-    except OSError:
-        return
-    os.kill(pid, signal.SIGTERM)
-    for _ in range(50):
-        if not Path(f"/proc/{pid}").exists():
-            return
-        time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
