@@ -136,3 +136,21 @@ def test_plan_check_runs_check_mode_and_records_nothing(lab, capsys):
     assert run(["status", inventory, "--output", "json"]) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]
     assert runs[-1]["command"] == "plan --check" and runs[-1]["check"] is True
+
+
+def test_preflight_names_nodes_cloned_from_one_image(lab, capsys):
+    """Two nodes with one machine-id (a cloned image): preflight names both, and the fix."""
+    first, second = "itest-w1", "itest-w2"
+    original = ssh(lab, second, "cat /etc/machine-id").stdout.strip()
+    cloned = ssh(lab, first, "cat /etc/machine-id").stdout.strip()
+    assert original and cloned and original != cloned
+    try:
+        assert ssh(lab, second, f"echo {cloned} > /etc/machine-id").returncode == 0
+        assert run(["up", str(lab["inventory"]), "--only", "preflight", "--force", "--output", "json"]) == 4
+        events = events_of(capsys.readouterr().out)
+        message = next(e for e in events if e["event"] == "HostResult" and e["status"] == "failed")["message"]
+        assert f"{first}: machine-id {cloned} is also on {second}" in message
+        assert f"{second}: machine-id {cloned} is also on {first}" in message
+        assert "systemd-machine-id-setup" in message
+    finally:
+        ssh(lab, second, f"echo {original} > /etc/machine-id")
