@@ -61,6 +61,17 @@ def prepared_inventory(lab, tmp_path_factory):
     return edit_inventory(lab["inventory"], tmp_path_factory.mktemp("prep") / "inventory.yml", use_standin_repo)
 
 
+def test_missing_kubernetes_packages_are_explained(lab, capsys):
+    """Debian's own sources have no kubeadm: the phase fails and says where packages must come from."""
+    assert run(["up", str(lab["inventory"]), "--only", "kube_packages", "--force", "--output", "json"]) == 4
+    events = events_of(capsys.readouterr().out)
+    finished = events[-1]
+    assert finished["status"] == "failed" and finished["resume"].endswith("--from kube_packages")
+    messages = " ".join(f["message"] for f in finished["failures"])
+    assert f"kubeadm, kubelet, kubectl {DEBIAN['kube_packages']['version']} could not be installed" in messages
+    assert "gpuboot.mirror.packages_url" in messages
+
+
 def test_four_phases_converge_then_a_second_run_changes_nothing(lab, prepared_inventory, capsys):
     inventory = str(prepared_inventory)
     assert run(["up", inventory, "--to", "kube_packages", "--force", "--output", "json"]) == 0

@@ -2,6 +2,7 @@
 then grep everything gpuboot wrote or printed: none of them may appear."""
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuboot.cli.main import run
-from tests.integration.conftest import edit_inventory
+from tests.integration.conftest import edit_inventory, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -37,17 +38,25 @@ def test_planted_secrets_never_reach_artifacts_logs_state_or_terminal(lab, tmp_p
 
     def reference_secrets(data):
         g = data["all"]["vars"]["gpuboot"]
-        g["mirror"] = {"air_gapped": False, "registry": "mirror.lab:5000",
+        # Air-gapped, so container_runtime really reads the credentials and writes them on nodes.
+        g["mirror"] = {"air_gapped": True, "registry": "mirror.lab:5000",
                        "credentials_file": str(secret_dir / "mirror.json")}
         g["gitops"] = {"repo_url": "https://git.lab/platform.git", "credentials_file": str(secret_dir / "git-token")}
     inventory = edit_inventory(lab["inventory"], tmp_path / "inv" / "inventory.yml", reference_secrets)
     state_dir = tmp_path / "state"
     monkeypatch.setenv("GPUBOOT_STATE_DIR", str(state_dir))
 
-    assert run(["up", str(inventory), "--to", "os_prep", "--force", "-vv"]) == 0
-    assert run(["up", str(inventory), "--to", "os_prep", "--force", "--output", "json"]) == 0
+    assert run(["up", str(inventory), "--to", "container_runtime", "--force", "-vv"]) == 0
+    assert run(["up", str(inventory), "--to", "container_runtime", "--force", "--output", "json"]) == 0
+    assert run(["plan", str(inventory), "--only", "container_runtime", "--check"]) == 0
     assert run(["status", str(inventory), "--output", "json"]) == 0
     out, err = capfd.readouterr()
+    # The secret was used: the node's hosts.toml carries it (root-only), so the greps below mean something.
+    basic = base64.b64encode(f"gpuboot:{planted['mirror credentials']}".encode()).decode()
+    node = next(iter(lab["state"].addresses))
+    on_node = ssh(lab, node, "stat -c %a /etc/containerd/certs.d/nvcr.io/hosts.toml; cat /etc/containerd/certs.d/nvcr.io/hosts.toml")
+    assert on_node.stdout.startswith("600\n") and f"Basic {basic}" in on_node.stdout
+    planted["mirror credentials, encoded"] = basic
 
     files = list(every_file(state_dir))
     assert any(p.name == "stdout" for p, _ in files), "expected ansible-runner artifacts to check"

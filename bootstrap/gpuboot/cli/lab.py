@@ -105,3 +105,30 @@ def lab_vm_down(app: App, name: str) -> None:
     """Stop the VMs and remove their disks and inventory."""
     removed = _vm_lab(app, name).down()
     app.console.print(f"removed {len(removed)} VM(s)")
+
+
+@lab.group("kubernetes")
+def lab_kubernetes() -> None:
+    """Real Kubernetes binaries built from Go modules (cached by version and recipe)."""
+
+
+def _kube_build(app: App):
+    from gpuboot.lab.kubernetes import KubernetesBuild
+    return KubernetesBuild(log=lambda msg: app.console.print(msg))
+
+
+@lab_kubernetes.command("build")
+@click.option("--version", "version", default=None, help="A Kubernetes version of the matrix; default: the newest.")
+@pass_app
+def lab_kubernetes_build(app: App, version: str | None) -> None:
+    """Build kubeadm, kubelet, kubectl and the control-plane binaries (resumable)."""
+    result = _kube_build(app).build(version)
+    app.console.print(f"[green]Kubernetes {result.version}[/]: {result.bin_dir}")
+
+
+@lab_kubernetes.command("path")
+@click.option("--version", "version", default=None, help="A Kubernetes version of the matrix; default: the newest.")
+@pass_app
+def lab_kubernetes_path(app: App, version: str | None) -> None:
+    """Print the directory of the built binaries."""
+    click.echo(str(_kube_build(app).path(version)))

@@ -273,6 +273,9 @@ def write_inventory(spec: LabSpec, state: LabState, path: Path, key: Path, known
     inventory = {"all": {
         "vars": {
             "ansible_python_interpreter": "/usr/bin/python3",
+            # Plain `ansible-playbook -i` reads these; gpuboot.ssh below says the same for gpuboot.
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(key),
             # Host keys were collected when the nodes first booted; checking stays on.
             "ansible_ssh_extra_args": f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes",
             "gpuboot": {
