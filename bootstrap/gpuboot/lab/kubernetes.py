@@ -162,6 +162,8 @@ class KubernetesBuild:
             Path(f"{out}.partial").replace(out)
             built.append(component)
             self.log(f"[{index}/{len(components)}] {component}: built in {time.monotonic() - t0:.0f}s")
+        if not (bin_dir / "pause").is_file():
+            self._build_pause(version, bin_dir, log_file)
         self._check_version(bin_dir, version, components)
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
         seconds = round(time.monotonic() - started, 1)
@@ -171,6 +173,18 @@ class KubernetesBuild:
         (build_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
         self.log(f"Kubernetes {version}: {len(built)} built, {len(reused)} cached, {seconds}s, peak {peak} MiB")
         return BuildResult(version, bin_dir, built, reused, seconds, peak)
+
+    def _build_pause(self, version: str, bin_dir: Path, log_file: Path) -> None:
+        """The project's own pause (lab/go/pause), tagged like the sandbox image the release pins."""
+        release = matrix.load(matrix_versions()[version])
+        tag = str((release.kubernetes.model_extra or {}).get("pause_image", "pause:dev")).rsplit(":", 1)[-1]
+        source = Path(__file__).parent / "go" / "pause"
+        result = self._go(["build", "-trimpath", "-ldflags", f"-s -w -X main.version={tag}",
+                           "-o", str(bin_dir / "pause.partial"), "."], source, log_file)
+        if result.returncode != 0:
+            raise LabError(f"building pause {tag} failed", hint=f"see {log_file}")
+        (bin_dir / "pause.partial").replace(bin_dir / "pause")
+        self.log(f"pause {tag}: built")
 
     def _check_version(self, bin_dir: Path, version: str, components: tuple[str, ...]) -> None:
         if "kubeadm" not in components:

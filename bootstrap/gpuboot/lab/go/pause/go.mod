@@ -1,0 +1,3 @@
+module gpuboot.local/pause
+
+go 1.24.0
