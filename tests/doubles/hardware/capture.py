@@ -4,7 +4,9 @@
 Run on a GPU server (or the lent GPU machine): python3 capture.py OUT.json
 The JSON is the source of the fixture /sys and /proc trees that tests/doubles/hardware/sysfs.py
 builds; the same parsing code (roles/preflight/library/gpuboot_hardware_facts.py) reads
-them. Only the attributes preflight reads are kept; nothing secret is read."""
+them. Only the attributes preflight reads are kept; nothing secret is read. Standalone on
+purpose (stdlib only, copied to a machine without this repository's environment), so its two
+tiny file helpers repeat the module's instead of importing it."""
 import glob
 import json
 import os
