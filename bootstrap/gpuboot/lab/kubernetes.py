@@ -32,6 +32,7 @@ BUILD_TAGS = "selinux,notest,grpcnotrace"
 RECIPE_VERSION = "1"
 DEFAULT_CACHE = Path.home() / ".cache" / "gpuboot" / "kubernetes"
 VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+PAUSE_SOURCE = Path(__file__).parent / "go" / "pause"
 STAGING_REPLACE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/src/\1\s*$", re.M)
 
 
@@ -94,12 +95,17 @@ class KubernetesBuild:
             raise LabError("go is not installed", hint="install Go 1.24 or newer (this machine has Go 1.26)")
         self.cache_dir = cache_dir
         self.log = log
+        self._go_version: str | None = None
 
     def recipe_key(self) -> str:
-        go_version = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout
-        digest = hashlib.sha256("|".join([RECIPE_VERSION, go_version.strip(), BUILD_TAGS, *COMPONENTS,
-                                          ldflags("v0.0.0", "DATE")]).encode())
-        return digest.hexdigest()[:12]
+        """What, besides the version, decides the binaries: the Go toolchain, flags, components,
+        and the project's pause source."""
+        if self._go_version is None:
+            self._go_version = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True,
+                                              check=True).stdout.strip()
+        parts = [RECIPE_VERSION, self._go_version, BUILD_TAGS, *COMPONENTS, ldflags("v0.0.0", "DATE")]
+        parts += [p.read_text() for p in sorted(PAUSE_SOURCE.iterdir()) if p.is_file()]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
 
     def build_dir(self, version: str) -> Path:
         return self.cache_dir / "builds" / f"{version}-{self.recipe_key()}"
@@ -145,46 +151,41 @@ class KubernetesBuild:
         self.log(f"Kubernetes {version}: building in {build_dir} (log {log_file})")
         wrapper = self.prepare_wrapper(version, log_file)
         flags = ldflags(version, (wrapper / "build-date").read_text().strip())
+        pause_tag = self._pause_tag(version)
+        targets = [(c, wrapper, ["-tags", BUILD_TAGS, "-ldflags", flags, f"k8s.io/kubernetes/cmd/{c}"]) for c in components]
+        targets.append(("pause", PAUSE_SOURCE, ["-ldflags", f"-s -w -X main.version={pause_tag}", "."]))
         built, reused = [], []
-        for index, component in enumerate(components, 1):
-            out = bin_dir / component
+        for index, (name, source, args) in enumerate(targets, 1):
+            step = f"[{index}/{len(targets)}] {name}"
+            out = bin_dir / name
             if out.is_file():
-                reused.append(component)
-                self.log(f"[{index}/{len(components)}] {component}: cached")
+                reused.append(name)
+                self.log(f"{step}: cached")
                 continue
             t0 = time.monotonic()
-            self.log(f"[{index}/{len(components)}] {component}: building")
+            self.log(f"{step}: building")
             # Built to a temporary name and renamed: an interrupted build never leaves a half binary.
-            result = self._go(["build", "-trimpath", "-tags", BUILD_TAGS, "-ldflags", flags, "-o", f"{out}.partial",
-                               f"k8s.io/kubernetes/cmd/{component}"], wrapper, log_file)
+            result = self._go(["build", "-trimpath", "-o", f"{out}.partial", *args], source, log_file)
             if result.returncode != 0:
-                raise LabError(f"building {component} {version} failed", hint=f"see {log_file}")
+                raise LabError(f"building {name} for Kubernetes {version} failed", hint=f"see {log_file}")
             Path(f"{out}.partial").replace(out)
-            built.append(component)
-            self.log(f"[{index}/{len(components)}] {component}: built in {time.monotonic() - t0:.0f}s")
-        if not (bin_dir / "pause").is_file():
-            self._build_pause(version, bin_dir, log_file)
+            built.append(name)
+            self.log(f"{step}: built in {time.monotonic() - t0:.0f}s")
         self._check_version(bin_dir, version, components)
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
         seconds = round(time.monotonic() - started, 1)
         manifest = {"version": version, "recipe": self.recipe_key(), "components": {
             c: {"sha256": hashlib.sha256((bin_dir / c).read_bytes()).hexdigest(), "size": (bin_dir / c).stat().st_size}
-            for c in components}}
+            for c in [*components, "pause"]}}
         (build_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
         self.log(f"Kubernetes {version}: {len(built)} built, {len(reused)} cached, {seconds}s, peak {peak} MiB")
         return BuildResult(version, bin_dir, built, reused, seconds, peak)
 
-    def _build_pause(self, version: str, bin_dir: Path, log_file: Path) -> None:
-        """The project's own pause (lab/go/pause), tagged like the sandbox image the release pins."""
+    @staticmethod
+    def _pause_tag(version: str) -> str:
+        """The tag of the sandbox image the release pins: the project's pause reports it."""
         release = matrix.load(matrix_versions()[version])
-        tag = str((release.kubernetes.model_extra or {}).get("pause_image", "pause:dev")).rsplit(":", 1)[-1]
-        source = Path(__file__).parent / "go" / "pause"
-        result = self._go(["build", "-trimpath", "-ldflags", f"-s -w -X main.version={tag}",
-                           "-o", str(bin_dir / "pause.partial"), "."], source, log_file)
-        if result.returncode != 0:
-            raise LabError(f"building pause {tag} failed", hint=f"see {log_file}")
-        (bin_dir / "pause.partial").replace(bin_dir / "pause")
-        self.log(f"pause {tag}: built")
+        return str(release.kubernetes.model_extra["pause_image"]).rsplit(":", 1)[-1]
 
     def _check_version(self, bin_dir: Path, version: str, components: tuple[str, ...]) -> None:
         if "kubeadm" not in components:
@@ -198,7 +199,7 @@ class KubernetesBuild:
     def path(self, version: str | None = None) -> Path:
         version = resolve_version(version)
         bin_dir = self.bin_dir(version)
-        missing = [c for c in COMPONENTS if not (bin_dir / c).is_file()]
+        missing = [c for c in (*COMPONENTS, "pause") if not (bin_dir / c).is_file()]
         if missing:
             raise LabError(f"Kubernetes {version} is not built ({', '.join(missing)} missing)",
                            hint=f"run `gpuboot lab kubernetes build --version {version}`")
