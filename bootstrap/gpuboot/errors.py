@@ -94,3 +94,9 @@ class ProblemList:
     def raise_if_any(self) -> None:
         if self.items:
             raise InventoryError(self.items)
+
+
+class MirrorError(GpubootError):
+    """The air-gap mirror or a bundle cannot be planned, pulled, imported or verified."""
+
+    exit_code = 6

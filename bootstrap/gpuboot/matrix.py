@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -21,6 +22,17 @@ class OsPackages(BaseModel):
     kube_packages: Component
     kernel_headers: str
     gpu_driver_container: bool
+    image_os_tag: str
+
+
+class RuntimeImage(BaseModel):
+    """An image an operator picks per node at run time; `image` has {placeholders}."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    component: str
+    image: str
+    per: list[Literal["kernel", "arch"]] = []
+    when: list[Literal["gpu_driver_container", "precompiled", "rdma"]] = []
 
 
 class Release(BaseModel):
@@ -31,6 +43,8 @@ class Release(BaseModel):
     kubernetes: Component
     containerd: Component
     os: dict[str, OsPackages]
+    images: dict[str, list[str]] = {}
+    runtime_images: list[RuntimeImage] = []
 
     @property
     def supported_os(self) -> list[str]:

@@ -169,6 +169,7 @@ def status(app: App, inventory: str, output: str) -> None:
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code: the one place typed errors become codes."""
     import gpuboot.cli.lab  # noqa: F401  (registers `gpuboot lab`)
+    import gpuboot.cli.mirror  # noqa: F401  (registers `gpuboot mirror`)
     try:
         result = cli.main(args=argv, prog_name="gpuboot", standalone_mode=False)
         return result if isinstance(result, int) else 0

@@ -167,6 +167,24 @@ def references(settings: GpubootSettings, nodes: list[Node], where: Where, inv: 
     return problems
 
 
+def node_os(settings: GpubootSettings, release, where: Where) -> list[Problem]:
+    """The declared node OS must be one the release supports; precompiled drivers need kernels."""
+    declared = settings.node_os
+    if declared is None:
+        return []
+    problems: list[Problem] = []
+    if declared.id not in release.os:
+        problems.append(Problem(where.file, where.child("node_os", "id").line, "gpuboot.node_os.id",
+                                f"{declared.id} is not supported by release {release.name}",
+                                f"use one of: {', '.join(release.supported_os)}"))
+    if settings.drivers.precompiled and not declared.kernels:
+        problems.append(Problem(where.file, where.child("drivers", "precompiled").line,
+                                "gpuboot.drivers.precompiled",
+                                "precompiled drivers are built per kernel, but node_os.kernels is empty",
+                                "list the nodes' kernels (uname -r) under gpuboot.node_os.kernels"))
+    return problems
+
+
 def tenants(settings: GpubootSettings, where: Where) -> list[Problem]:
     problems: list[Problem] = []
     seen: dict[str, int] = {}

@@ -88,10 +88,12 @@ def load_cluster(path: str | Path, *, check_files: bool = False, releases_dir: P
     problems += checks.groups_and_nodes(inv, nodes)
     if settings is not None and where is not None:
         try:
-            matrix.load(settings.release, releases_dir)
+            release = matrix.load(settings.release, releases_dir)
         except MatrixError as exc:
             problems.append(Problem(where.file, where.child("release").line, "gpuboot.release",
                                     f"{settings.release!r}: {exc.message}", exc.hint))
+        else:
+            problems += checks.node_os(settings, release, where)
         problems += checks.addresses(settings, nodes, where)
         problems += checks.references(settings, nodes, where, inv, check_files=check_files)
         problems += checks.tenants(settings, where)

@@ -79,6 +79,21 @@ class Mirror(Strict):
         return self
 
 
+class NodeOs(Strict):
+    """What the nodes run. The GPU and DOCA driver images are chosen per OS, kernel and
+    architecture at run time, so the mirror plan needs these to be complete."""
+
+    id: Annotated[str, Field(pattern=r"^[a-z]+-[0-9.]+$")]
+    kernels: list[Annotated[str, Field(pattern=r"^[0-9][A-Za-z0-9._+-]*$")]] = []
+    architectures: list[Literal["amd64", "arm64"]] = ["amd64"]
+
+
+class Drivers(Strict):
+    # Precompiled GPU/DOCA driver containers (one image per kernel) instead of building
+    # the modules on each node at start-up.
+    precompiled: bool = False
+
+
 class GitOps(Strict):
     repo_url: str
     branch: str = "main"
@@ -106,6 +121,8 @@ class GpubootSettings(Strict):
     networking: Networking = Networking()
     ssh: Ssh = Ssh()
     mirror: Mirror = Mirror()
+    node_os: NodeOs | None = None
+    drivers: Drivers = Drivers()
     gitops: GitOps | None = None
     tenants: list[Tenant] = []
 

@@ -1,0 +1,117 @@
+"""Run the mirror registry: the CNCF distribution registry (`docker-registry` on Debian),
+storage on disk, TLS from gpuboot's CA or the operator's, optional htpasswd users."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import bcrypt
+import yaml
+
+from gpuboot.errors import MirrorError
+from gpuboot.mirror import pki
+
+BINARY = "docker-registry"
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    root: Path                      # config, storage, pki and logs live here
+    listen: str                     # HOST:PORT
+    tls: bool = True
+    names: tuple[str, ...] = ()     # extra certificate names (DNS names, addresses)
+    tls_cert: Path | None = None    # the operator's own certificate and key
+    tls_key: Path | None = None
+    credentials_file: Path | None = None  # JSON {"username", "password"}: one htpasswd user
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0]
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.listen}"
+
+
+def write_config(spec: ServeSpec) -> Path:
+    spec.root.mkdir(parents=True, exist_ok=True)
+    http: dict = {"addr": spec.listen, "headers": {"X-Content-Type-Options": ["nosniff"]}}
+    if spec.tls:
+        if spec.tls_cert and spec.tls_key:
+            cert, key = spec.tls_cert, spec.tls_key
+        else:
+            ca_cert, ca_key = pki.ensure_ca(spec.root / "pki")
+            cert, key = pki.issue_server_cert(ca_cert, ca_key, [spec.host, *spec.names], spec.root / "pki")
+        http["tls"] = {"certificate": str(cert), "key": str(key)}
+    config: dict = {
+        "version": 0.1,
+        "log": {"level": "info", "formatter": "text", "accesslog": {"disabled": False}},
+        "storage": {"filesystem": {"rootdirectory": str(spec.root / "data")}, "delete": {"enabled": False},
+                    "maintenance": {"uploadpurging": {"enabled": True, "age": "168h", "interval": "24h",
+                                                      "dryrun": False}}},
+        "http": http,
+    }
+    if spec.credentials_file:
+        data = json.loads(spec.credentials_file.read_text())
+        hashed = bcrypt.hashpw(str(data["password"]).encode(), bcrypt.gensalt(rounds=10)).decode()
+        htpasswd = spec.root / "htpasswd"
+        fd = os.open(htpasswd, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(f"{data['username']}:{hashed}\n")
+        config["auth"] = {"htpasswd": {"realm": "gpuboot-mirror", "path": str(htpasswd)}}
+    path = spec.root / "config.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def command(config: Path) -> list[str]:
+    binary = shutil.which(BINARY)
+    if binary is None:
+        raise MirrorError(f"{BINARY} is not installed", hint="apt-get install docker-registry")
+    return [binary, "serve", str(config)]
+
+
+class RunningRegistry:
+    """A registry process started in the background (the lab and tests); stop() ends it."""
+
+    def __init__(self, spec: ServeSpec, process: subprocess.Popen, log: Path) -> None:
+        self.spec, self.process, self.log = spec, process, log
+
+    @property
+    def ca_file(self) -> Path | None:
+        return self.spec.root / "pki" / "ca.crt" if self.spec.tls and not self.spec.tls_cert else None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start(spec: ServeSpec, timeout: float = 10) -> RunningRegistry:
+    config = write_config(spec)
+    log = spec.root / "registry.log"
+    with open(log, "ab") as out:
+        process = subprocess.Popen(command(config), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    host, port = spec.listen.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise MirrorError(f"registry exited at start ({process.returncode}); see {log}")
+        try:
+            with socket.create_connection((host, int(port)), timeout=0.5):
+                return RunningRegistry(spec, process, log)
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise MirrorError(f"registry did not listen on {spec.listen} within {timeout:.0f}s; see {log}")
