@@ -1,0 +1,69 @@
+"""Shared pieces of the mirror tests: a loopback upstream registry holding multi-arch
+images under their upstream names (nvcr.io/..., registry.k8s.io/...), a release file
+that lists them, and the `--source` mapping that points pulls at it."""
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuboot.mirror.serve import RunningRegistry, ServeSpec, start
+from tests.support.oci_layout import busybox_binaries, push, write_layout
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE_CACHE = Path.home() / ".cache" / "gpuboot" / "test-images"
+# Upstream name -> the id baked into the image's own layer.
+LAB_IMAGES = {
+    "nvcr.io/nvidia/lab/driver:570.158.01-ubuntu22.04": "driver",
+    "nvcr.io/nvidia/lab/validator:v25.3.2": "validator",
+    "registry.k8s.io/lab/pause:3.10.1": "pause",
+}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Upstream:
+    registry: RunningRegistry
+    releases_dir: Path
+    release: str
+    images: dict[str, str]
+
+    @property
+    def sources(self) -> list[str]:
+        hosts = sorted({ref.split("/", 1)[0] for ref in self.images})
+        return [f"--source={host}={self.registry.spec.url}/{host}" for host in hosts]
+
+
+def start_upstream(root: Path, images: dict[str, str] = LAB_IMAGES, padding: int = 0,
+                   release: str = "lab-test") -> Upstream:
+    binaries = busybox_binaries(IMAGE_CACHE)
+    layout = root / "layout"
+    for index, (ref, image_id) in enumerate(images.items()):
+        write_layout(layout, f"t{index}", binaries, image_id, padding)
+    registry = start(ServeSpec(root / "upstream", f"127.0.0.1:{free_port()}", tls=False))
+    for index, ref in enumerate(images):
+        push(layout, f"t{index}", f"{registry.spec.listen}/{ref}")
+    releases = root / "releases"
+    releases.mkdir(parents=True, exist_ok=True)
+    write_release(releases / f"{release}.yml", release, list(images))
+    return Upstream(registry, releases, release, images)
+
+
+def write_release(path: Path, name: str, images: list[str], charts: dict | None = None) -> None:
+    """A release file like the shipped ones, with only the given images and charts."""
+    text = (ROOT / "mirror" / "releases" / "k8s-1.35.yml").read_text()
+    text = text.replace("name: k8s-1.35", f"name: {name}")
+    listed = "".join(f"      - {ref}\n" for ref in images)
+    text = re.sub(r"  images:\n(?:    .*\n)*?  # Images the operators",
+                  f"  images:\n    lab:\n{listed}  # Images the operators", text)
+    text = re.sub(r"  runtime_images:\n(?:    - .*\n)+", "  runtime_images: []\n", text)
+    text = re.sub(r"    chart: \{.*\}\n", "", text)
+    if charts:
+        text += "  lab_charts:\n    version: \"1\"\n    chart: " + repr(charts).replace("'", '"') + "\n"
+    path.write_text(text)
