@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -42,7 +43,9 @@ class ServeSpec:
 
 def write_config(spec: ServeSpec) -> Path:
     spec.root.mkdir(parents=True, exist_ok=True)
-    http: dict = {"addr": spec.listen, "headers": {"X-Content-Type-Options": ["nosniff"]}}
+    # The secret signs upload state between requests; kept so a restart resumes uploads.
+    http: dict = {"addr": spec.listen, "secret": _http_secret(spec.root),
+                  "headers": {"X-Content-Type-Options": ["nosniff"]}}
     if spec.tls:
         if spec.tls_cert and spec.tls_key:
             cert, key = spec.tls_cert, spec.tls_key
@@ -62,13 +65,24 @@ def write_config(spec: ServeSpec) -> Path:
         data = json.loads(spec.credentials_file.read_text())
         hashed = bcrypt.hashpw(str(data["password"]).encode(), bcrypt.gensalt(rounds=10)).decode()
         htpasswd = spec.root / "htpasswd"
-        fd = os.open(htpasswd, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(f"{data['username']}:{hashed}\n")
+        _write_private(htpasswd, f"{data['username']}:{hashed}\n")
         config["auth"] = {"htpasswd": {"realm": "gpuboot-mirror", "path": str(htpasswd)}}
     path = spec.root / "config.yml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    _write_private(path, yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+def _http_secret(root: Path) -> str:
+    path = root / "http-secret"
+    if not path.is_file():
+        _write_private(path, secrets.token_hex(32))
+    return path.read_text().strip()
 
 
 def command(config: Path) -> list[str]:
