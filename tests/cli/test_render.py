@@ -30,7 +30,7 @@ def test_render_sample_matches_golden(tmp_path, capsys):
     nvcr = got["gpu01/etc/containerd/certs.d/nvcr.io/hosts.toml"]
     assert "<secret: Basic credentials read from /etc/gpuboot/secrets/mirror-credentials.json>" in nvcr
     # Air-gapped: the mirror is the server, so a miss never falls back to the internet.
-    assert 'server = "https://mirror01.example.internal:5000"' in nvcr
+    assert 'server = "https://mirror01.example.internal:5000/v2/nvcr.io"' in nvcr and "override_path = true" in nvcr
     assert 'imports = ["/etc/containerd/conf.d/*.toml"]' in got["cp01/etc/containerd/config.toml"]
 
 
