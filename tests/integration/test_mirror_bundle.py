@@ -257,3 +257,31 @@ def test_chart_from_a_helm_repository_becomes_an_oci_chart_in_the_mirror(capsys,
     assert manifest["layers"][0]["digest"] == "sha256:" + hashlib.sha256(archive).hexdigest()
     config = b"".join(client.blob_chunks("charts/lab-operator", manifest["config"]["digest"]))
     assert json.loads(config)["name"] == "lab-operator"
+
+
+def test_up_refuses_to_start_image_pulling_phases_while_the_mirror_lacks_artifacts(capsys, bundle, mirror, tmp_path,
+                                                                                  monkeypatch):
+    assert _import(capsys, bundle, mirror)[0] == 0  # a mirror with some images, not the release's
+    sample = Path(__file__).resolve().parents[2] / "inventories" / "sample"
+    data = yaml.safe_load((sample / "inventory.yml").read_text())
+    settings = yaml.safe_load((sample / "group_vars" / "all.yml").read_text())["gpuboot"]
+    settings["ssh"] = {"user": "ops"}
+    settings.pop("gitops")
+    settings["mirror"] = {"air_gapped": True, "registry": mirror["listen"], "ca_file": str(mirror["ca"]),
+                          "credentials_file": str(mirror["creds"])}
+    data["all"]["vars"]["gpuboot"] = settings
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
+    code, out = gpuboot(capsys, "up", str(inventory), "--only", "gpu_operator")
+    assert code == 6, out
+    assert "lacks" in out and "nvcr.io/nvidia/driver:570-5.15.0-1032-nvidia-ubuntu22.04: not in the mirror" in out
+    assert "gpuboot mirror import" in out
+    assert not (tmp_path / "state").exists() or not list((tmp_path / "state").rglob("runs/*"))  # no host touched
+    # Node preparation pulls no images: the check does not stand in its way.
+    from gpuboot.mirror.preflight import needed
+    from gpuboot.config.loader import load_cluster
+    from gpuboot.phases.catalog import UP
+    cluster = load_cluster(inventory)
+    assert not needed(cluster, [p for p in UP if p.name in ("preflight", "os_prep", "container_runtime")])
+    assert needed(cluster, [p for p in UP if p.name == "control_plane_init"])

@@ -101,16 +101,31 @@ def plan(app: App, inventory: str, from_phase, to_phase, only, skip, check: bool
 @_selection_options
 @click.option("--force", is_flag=True, help="Run phases even when they are up to date.")
 @click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
+@click.option("--skip-mirror-check", is_flag=True,
+              help="Do not check, before image-pulling phases, that the air-gap mirror holds every artifact (logged).")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text")
 @click.option("-v", "--verbose", count=True, help="More Ansible detail in the run's stdout artifact.")
 @pass_app
 def up(app: App, inventory: str, from_phase, to_phase, only, skip, force: bool,
-       insecure_skip_host_key_check: bool, output: str, verbose: int) -> None:
+       insecure_skip_host_key_check: bool, skip_mirror_check: bool, output: str, verbose: int) -> None:
     """Bring a cluster to the desired state. Safe to re-run: that is the resume."""
     cluster = load_cluster(inventory, check_files=True)
     phases = select(UP, Selection(from_phase, to_phase, tuple(only), tuple(skip)))
+    _mirror_preflight(app, cluster, phases, skip_mirror_check)
     _run(app, cluster, phases, output, check=False, diff=False, force=force,
          host_key_checking=not insecure_skip_host_key_check, command="up", verbosity=verbose)
+
+
+def _mirror_preflight(app: App, cluster, phases, skip: bool) -> None:
+    """Air gap: every artifact the cluster needs is in the mirror before a node pulls."""
+    from gpuboot.mirror.preflight import check_mirror, needed
+    if not needed(cluster, phases):
+        return
+    if skip:
+        app.err.print("[yellow]warning: the air-gap mirror was not checked (--skip-mirror-check)[/]")
+        return
+    count = check_mirror(cluster, phases)
+    app.err.print(f"mirror {cluster.settings.mirror.registry} holds all {count} images and charts this cluster needs")
 
 
 def _run(app: App, cluster, phases, output: str, *, check: bool, diff: bool, force: bool,

@@ -24,6 +24,8 @@ class Phase:
     playbook: str
     hosts: str
     tags: tuple[str, ...] = ()
+    # Nodes pull images for this phase: in an air gap the mirror must hold them first.
+    pulls_images: bool = False
 
     @property
     def path(self) -> Path:
@@ -41,14 +43,14 @@ UP: tuple[Phase, ...] = (
     Phase("container_runtime", "Container runtime (containerd)", "container_runtime.yml", CLUSTER, ("containerd",)),
     Phase("kube_packages", "Pinned kubeadm, kubelet, kubectl", "kube_packages.yml", CLUSTER, ("kube_packages",)),
     Phase("ha_endpoint", "HA API endpoint (VIP)", "ha_endpoint.yml", "control_plane", ("ha_endpoint",)),
-    Phase("control_plane_init", "First control plane (kubeadm init)", "control_plane_init.yml", "control_plane[0]", ("kubeadm",)),
-    Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml", "control_plane[1:]", ("kubeadm",)),
-    Phase("workers_join", "Worker joins", "workers_join.yml", "workers", ("kubeadm",)),
-    Phase("cni", "Calico (tigera-operator)", "cni.yml", "control_plane[0]", ("cni",)),
-    Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml", "control_plane[0]", ("gpu",)),
-    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", "control_plane[0]", ("network",)),
+    Phase("control_plane_init", "First control plane (kubeadm init)", "control_plane_init.yml", "control_plane[0]", ("kubeadm",), pulls_images=True),
+    Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml", "control_plane[1:]", ("kubeadm",), pulls_images=True),
+    Phase("workers_join", "Worker joins", "workers_join.yml", "workers", ("kubeadm",), pulls_images=True),
+    Phase("cni", "Calico (tigera-operator)", "cni.yml", "control_plane[0]", ("cni",), pulls_images=True),
+    Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml", "control_plane[0]", ("gpu",), pulls_images=True),
+    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", "control_plane[0]", ("network",), pulls_images=True),
     Phase("validate", "Cluster validation", "validate.yml", "control_plane[0]", ("validate",)),
-    Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", "control_plane[0]", ("gitops",)),
+    Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", "control_plane[0]", ("gitops",), pulls_images=True),
 )
 
 CATALOGS = {"up": UP}

@@ -1,0 +1,33 @@
+"""The air-gap preflight of `up` and `upgrade`: before any phase whose nodes pull images
+runs, the mirror must hold every artifact the plan for this inventory needs."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gpuboot import matrix
+from gpuboot.config.model import Cluster
+from gpuboot.mirror.plan import Target, build
+from gpuboot.mirror.registry import Registry, read_credentials
+from gpuboot.mirror.verify import require_complete
+
+
+def _path(value: str | None, cluster: Cluster) -> str | None:
+    if not value:
+        return None
+    path = Path(os.path.expanduser(value))
+    return str(path if path.is_absolute() else Path(cluster.inventory).parent / path)
+
+
+def needed(cluster: Cluster, phases) -> bool:
+    return cluster.settings.mirror.air_gapped and any(p.pulls_images for p in phases)
+
+
+def check_mirror(cluster: Cluster, phases, releases_dir: Path | None = None) -> int:
+    """Raise MirrorError naming every missing artifact; return how many were checked."""
+    mirror = cluster.settings.mirror
+    plan = build(matrix.load(cluster.settings.release, releases_dir), Target.of(cluster))
+    registry = Registry(f"https://{mirror.registry}", ca_file=_path(mirror.ca_file, cluster),
+                        credentials=read_credentials(_path(mirror.credentials_file, cluster)))
+    require_complete(plan, registry)
+    return len(plan.images) + len(plan.charts)
