@@ -15,7 +15,7 @@ NAMES = [p.name for p in UP]
 
 
 def test_catalog_order_is_the_documented_one():
-    assert NAMES == ["preflight", "os_prep", "container_runtime", "kube_packages", "ha_endpoint",
+    assert NAMES == ["mirror", "preflight", "os_prep", "container_runtime", "kube_packages", "ha_endpoint",
                      "control_plane_init", "control_plane_join", "workers_join", "cni", "gpu_operator",
                      "network_operator", "validate", "gitops_handoff"]
 
@@ -45,11 +45,11 @@ def test_unbuilt_phases_say_so_and_fail_loudly():
 
 
 def test_selection_ranges_only_and_skip():
-    assert [p.name for p in select(UP, Selection(to_phase="os_prep"))] == ["preflight", "os_prep"]
+    assert [p.name for p in select(UP, Selection(to_phase="os_prep"))] == ["mirror", "preflight", "os_prep"]
     assert [p.name for p in select(UP, Selection(from_phase="validate"))] == ["validate", "gitops_handoff"]
     assert [p.name for p in select(UP, Selection(only=("cni", "preflight")))] == ["preflight", "cni"]
     got = [p.name for p in select(UP, Selection(to_phase="kube_packages", skip=("os_prep",)))]
-    assert got == ["preflight", "container_runtime", "kube_packages"]
+    assert got == ["mirror", "preflight", "container_runtime", "kube_packages"]
 
 
 @pytest.mark.parametrize("sel, message", [

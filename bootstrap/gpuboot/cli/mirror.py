@@ -168,6 +168,20 @@ def mirror_verify(ctx: MirrorContext, inventory, release, registry, ca_file, cre
                f"of release {plan.release}")
 
 
+@mirror.command("cert")
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
+              help="Where ca.crt/ca.key are (created when missing) and server.crt/server.key are written.")
+@click.option("--name", "names", multiple=True, required=True,
+              help="A DNS name or address nodes use to reach the mirror (repeatable; the first is the subject).")
+def mirror_cert(directory, names) -> None:
+    """Issue the mirror's server certificate from gpuboot's CA (made on first use)."""
+    from gpuboot.mirror import pki
+    ca_cert, ca_key = pki.ensure_ca(Path(directory))
+    cert, key = pki.issue_server_cert(ca_cert, ca_key, list(names), Path(directory))
+    click.echo(f"CA {ca_cert} (gpuboot.mirror.ca_file); certificate {cert} and key {key} "
+               "(gpuboot.mirror.tls_cert_file, tls_key_file)")
+
+
 @mirror.command("serve")
 @click.option("--root", required=True, type=click.Path(file_okay=False), help="Config, storage and TLS live here.")
 @click.option("--listen", default="0.0.0.0:5000", show_default=True, metavar="HOST:PORT")

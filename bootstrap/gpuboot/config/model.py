@@ -71,6 +71,9 @@ class Mirror(Strict):
     packages_url: str | None = None
     # Signing key of the package repository at packages_url (apt signed-by, rpm gpgkey).
     packages_key_file: FilePath | None = None
+    # The mirror host's own certificate and key (`gpuboot mirror cert` issues them from the CA).
+    tls_cert_file: FilePath | None = None
+    tls_key_file: FilePath | None = None
 
     @model_validator(mode="after")
     def _registry_when_air_gapped(self) -> "Mirror":

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import bcrypt
+import jinja2
 import yaml
 
+from gpuboot import content
 from gpuboot.errors import MirrorError
 from gpuboot.mirror import pki
 
@@ -42,33 +44,33 @@ class ServeSpec:
 
 
 def write_config(spec: ServeSpec) -> Path:
+    """Render the registry_mirror role's own template, so `mirror serve` and the role run
+    the registry with one configuration."""
     spec.root.mkdir(parents=True, exist_ok=True)
-    # The secret signs upload state between requests; kept so a restart resumes uploads.
-    http: dict = {"addr": spec.listen, "secret": _http_secret(spec.root),
-                  "headers": {"X-Content-Type-Options": ["nosniff"]}}
+    cert = key = None
     if spec.tls:
         if spec.tls_cert and spec.tls_key:
             cert, key = spec.tls_cert, spec.tls_key
         else:
             ca_cert, ca_key = pki.ensure_ca(spec.root / "pki")
             cert, key = pki.issue_server_cert(ca_cert, ca_key, [spec.host, *spec.names], spec.root / "pki")
-        http["tls"] = {"certificate": str(cert), "key": str(key)}
-    config: dict = {
-        "version": 0.1,
-        "log": {"level": "info", "formatter": "text", "accesslog": {"disabled": False}},
-        "storage": {"filesystem": {"rootdirectory": str(spec.root / "data")}, "delete": {"enabled": False},
-                    "maintenance": {"uploadpurging": {"enabled": True, "age": "168h", "interval": "24h",
-                                                      "dryrun": False}}},
-        "http": http,
-    }
+    htpasswd = ""
     if spec.credentials_file:
         data = json.loads(spec.credentials_file.read_text())
         hashed = bcrypt.hashpw(str(data["password"]).encode(), bcrypt.gensalt(rounds=10)).decode()
-        htpasswd = spec.root / "htpasswd"
-        _write_private(htpasswd, f"{data['username']}:{hashed}\n")
-        config["auth"] = {"htpasswd": {"realm": "gpuboot-mirror", "path": str(htpasswd)}}
+        htpasswd = str(spec.root / "htpasswd")
+        _write_private(Path(htpasswd), f"{data['username']}:{hashed}\n")
+    templates = content.content_dir() / "roles" / "registry_mirror" / "templates"
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True)
+    text = env.get_template("config.yml.j2").render(
+        registry_mirror_storage_dir=str(spec.root / "data"), registry_mirror_listen=spec.listen,
+        registry_mirror_http_secret=_http_secret(spec.root), registry_mirror_tls=spec.tls,
+        registry_mirror_tls_cert_dest=str(cert), registry_mirror_tls_key_dest=str(key),
+        registry_mirror_htpasswd_dest=htpasswd)
+    yaml.safe_load(text)  # a template change that breaks YAML fails here, not in the registry
     path = spec.root / "config.yml"
-    _write_private(path, yaml.safe_dump(config, sort_keys=False))
+    _write_private(path, text)
     return path
 
 

@@ -38,6 +38,8 @@ class Phase:
 
 
 UP: tuple[Phase, ...] = (
+    # Only inventories with a `mirror` group run it (a phase without hosts is skipped).
+    Phase("mirror", "Air-gap mirror registry", "mirror.yml", "mirror", ("mirror",)),
     Phase("preflight", "Preflight checks", "preflight.yml", CLUSTER, ("preflight",)),
     Phase("os_prep", "OS preparation", "os_prep.yml", CLUSTER, ("os_prep",)),
     Phase("container_runtime", "Container runtime (containerd)", "container_runtime.yml", CLUSTER, ("containerd",)),

@@ -187,6 +187,9 @@ class Engine:
                         self.sink(PhaseSkipped(phase.name, f"up to date since {previous.get('at')} (--force runs it)"))
                         continue
                     hosts = hosts_for(self.cluster, phase.hosts)
+                    if not hosts:
+                        self.sink(PhaseSkipped(phase.name, f"no hosts in {phase.hosts}"))
+                        continue
                     self.sink(PhaseStarted(phase.name, phase.title, hosts, index, len(phases)))
                     t0 = time.monotonic()
                     self.last_stats = None
