@@ -47,3 +47,12 @@ def test_the_matrix_pins_the_sandbox_image_kubeadm_expects(built):
     pause = release.kubernetes.model_extra["pause_image"]
     assert pause in images, images
     assert run(str(built.bin_dir / "pause"), "-v") == f"pause.go version {pause.rsplit(':', 1)[1]}"
+
+
+def test_the_mirror_plans_exactly_kubeadms_image_list(built):
+    from gpuboot.mirror.plan import build
+    images = run(str(built.bin_dir / "kubeadm"), "config", "images", "list",
+                 "--kubernetes-version", built.version).splitlines()
+    plan = build(matrix.load(matrix_versions()[built.version]))
+    planned = [str(i.ref) for i in plan.images if i.component == "kubernetes"]
+    assert planned == images  # same images, same order: a new kubeadm default fails here

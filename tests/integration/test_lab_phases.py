@@ -55,7 +55,8 @@ def test_preflight_and_os_prep_converge_on_every_node_then_change_nothing(lab, c
     # A plain re-run is the resume: finished, unchanged phases are skipped.
     assert run(["up", inventory, "--to", "os_prep", "--output", "json"]) == 0
     events = events_of(capsys.readouterr().out)
-    assert [e["phase"] for e in events if e["event"] == "PhaseSkipped"] == ["preflight", "os_prep"]
+    # (mirror: the lab has no mirror host, so that phase is always skipped.)
+    assert [e["phase"] for e in events if e["event"] == "PhaseSkipped"] == ["mirror", "preflight", "os_prep"]
 
 
 def test_host_key_checking_is_on(lab, tmp_path, capsys):
@@ -129,7 +130,8 @@ def test_plan_check_runs_check_mode_and_records_nothing(lab, capsys):
     assert run(["plan", inventory, "--to", "os_prep", "--check", "--output", "json"]) == 0
     out = capsys.readouterr().out
     rows = json.loads(out[:out.index("\n]") + 2])
-    assert [r["phase"] for r in rows] == ["preflight", "os_prep"]
+    assert [r["phase"] for r in rows] == ["mirror", "preflight", "os_prep"]
+    assert rows[0]["hosts"] == []
     events = events_of(out[out.index("\n]") + 2:])
     assert events[-1]["event"] == "RunFinished" and events[-1]["status"] == "ok"
     assert not [e for e in events if e["event"] == "HostResult" and e["status"] == "changed"]

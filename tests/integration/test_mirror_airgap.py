@@ -75,6 +75,10 @@ def test_nodes_pull_original_names_through_the_mirror_only(airgap_lab, tmp_path,
         listed = ssh(info, node, "ctr -n k8s.io images ls -q").stdout.split()
         assert DRIVER in listed and PAUSE in listed  # stored under the upstream names
 
+        # By the mirror's own name too (kubeadm's imageRepository in an air gap): CA and credentials apply.
+        direct = ssh(info, node, f"{pull} {mirror.spec.listen}/{PAUSE} >/dev/null")
+        assert direct.returncode == 0, direct.stderr
+
         miss = ssh(info, node, f"{pull} nvcr.io/nvidia/lab/absent:1")
         assert miss.returncode != 0 and "not found" in (miss.stderr + miss.stdout)
 

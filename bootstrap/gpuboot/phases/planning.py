@@ -12,7 +12,10 @@ def describe(cluster: Cluster, phases: list[Phase], state: ClusterState) -> list
     rows = []
     for phase in phases:
         previous = record.get(phase.name, {})
-        if not phase.implemented:
+        hosts = hosts_for(cluster, phase.hosts)
+        if not hosts:
+            action = f"skipped: no hosts in {phase.hosts}"
+        elif not phase.implemented:
             action = "NOT IMPLEMENTED: up stops here"
         elif previous.get("status") == "ok" and previous.get("fingerprint") == fingerprint(cluster, phase, RunOptions()):
             action = "up to date (skipped unless --force)"
@@ -21,5 +24,5 @@ def describe(cluster: Cluster, phases: list[Phase], state: ClusterState) -> list
         else:
             action = "run"
         rows.append({"phase": phase.name, "title": phase.title, "playbook": f"playbooks/{phase.playbook}",
-                     "hosts": hosts_for(cluster, phase.hosts), "action": action})
+                     "hosts": hosts, "action": action})
     return rows
