@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(podman runc mmdebstrap apt-cacher-ng uidmap nftables iproute2 openssh-client openssh-server
-          docker-registry skopeo busybox-static
+          docker-registry skopeo busybox-static etcd-server
           qemu-system-x86 qemu-utils e2fsprogs openssl)
 missing=()
 for pkg in "${packages[@]}"; do

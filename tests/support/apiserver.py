@@ -55,6 +55,16 @@ class ApiServer:
             raise AssertionError(f"kubectl {' '.join(args)} failed:\n{proc.stderr}")
         return proc
 
+    def wait_for(self, *args: str, jsonpath: str, timeout: float = 60) -> str:
+        """Poll `kubectl get ARGS -o jsonpath=...` until it prints something."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            proc = self.kubectl("get", *args, "-o", f"jsonpath={jsonpath}", check=False)
+            if proc.returncode == 0 and proc.stdout.strip():
+                return proc.stdout
+            time.sleep(0.3)
+        raise AssertionError(f"kubectl get {' '.join(args)} never showed {jsonpath}")
+
     def start(self) -> "ApiServer":
         etcd_port, peer_port = _free_port(), _free_port()
         self.port = _free_port()
@@ -87,6 +97,18 @@ class ApiServer:
         self.processes.append(api)
         _wait_port(self.port, api, api_log, 60)
         self._write_kubeconfig(pki)
+        # The controllers API behaviour depends on: quota status (admission enforces only a
+        # quota the controller has seen), aggregated roles (edit, view), service accounts.
+        cm_log = self.root / "controller-manager.log"
+        with open(cm_log, "wb") as out:
+            self.processes.append(subprocess.Popen([
+                str(self.bin_dir / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}",
+                "--controllers=resourcequota-controller,serviceaccount-controller,clusterrole-aggregation-controller,"
+                "namespace-controller,garbage-collector-controller",
+                f"--service-account-private-key-file={pki}/sa.key", f"--root-ca-file={pki}/ca.crt",
+                "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={_free_port()}",
+            ], stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # ready means RBAC's bootstrap roles exist
             if self.kubectl("get", "--raw", "/readyz", check=False).returncode == 0:
