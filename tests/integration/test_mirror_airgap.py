@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from ipaddress import ip_network
+from pathlib import Path
 
 import pytest
 
+from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.lab.cluster import Lab, LabSpec
 from gpuboot.mirror import pki
+from gpuboot.mirror.packages import export_public_key
 from gpuboot.mirror.serve import ServeSpec, start
 from tests.integration.conftest import edit_inventory, ssh
 from tests.support.mirror_fixture import free_port, start_upstream
@@ -24,6 +29,7 @@ SUBNET = "10.213.80.0/24"
 DRIVER = "nvcr.io/nvidia/lab/driver:570.158.01-ubuntu22.04"
 PAUSE = "registry.k8s.io/lab/pause:3.10.1"
 CA_ON_NODE = "/etc/containerd/certs.d/gpuboot-mirror-ca.crt"
+STANDIN = Path(__file__).resolve().parents[2] / "tests" / "doubles" / "kube_packages" / "standin_repo.py"
 
 
 @pytest.fixture
@@ -40,32 +46,82 @@ def airgap_lab(lab, tmp_path):
         node_lab.down("airgap")
 
 
+def _package_sources(directory: Path, release: str) -> Path:
+    """What an operator downloads on the connected side for Debian 12: the real containerd
+    package at the matrix's version, and TEST DOUBLE Kubernetes packages (stand-ins with the
+    real names and the matrix's versions) until the lab packages the built binaries."""
+    os_dir = directory / "debian-12"
+    os_dir.mkdir(parents=True)
+    pkgs = matrix.load(release).os["debian-12"]
+    kube = pkgs.kube_packages
+    subprocess.run([sys.executable, str(STANDIN), kube.version, str(os_dir), kube.model_extra["cri_tools"],
+                    kube.model_extra["kubernetes_cni"]], check=True, capture_output=True)
+    subprocess.run(["apt-get", "download", "-qq", f"{pkgs.containerd['package']}={pkgs.containerd['version']}"],
+                   cwd=os_dir, check=True, capture_output=True)
+    (os_dir / "Packages").unlink()  # the double's own index; the mirror writes its own
+    return directory
+
+
+def _signing_key(home: Path) -> str:
+    home.mkdir(mode=0o700)
+    subprocess.run(["gpg", "--homedir", str(home), "--batch", "--passphrase", "", "--quick-gen-key",
+                    "gpuboot lab mirror <mirror@gpuboot.invalid>", "ed25519", "sign", "1d"],
+                   check=True, capture_output=True)
+    return "mirror@gpuboot.invalid"
+
+
 def test_nodes_pull_original_names_through_the_mirror_only(airgap_lab, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
-    upstream = start_upstream(tmp_path / "upstream")
+    release = "k8s-1.34"  # the lab inventory's
+    upstream = start_upstream(tmp_path / "upstream", base=release)
     gateway = str(next(ip_network(SUBNET).hosts()))
     creds = tmp_path / "secrets" / "mirror.json"
     creds.parent.mkdir(mode=0o700)
     creds.write_text(json.dumps({"username": "nodes", "password": "Lab-mirror-pw-1"}))
-    mirror = start(ServeSpec(tmp_path / "mirror", f"{gateway}:{free_port(gateway)}", credentials_file=creds))
+    packages_dir = tmp_path / "mirror-packages"
+    mirror = start(ServeSpec(tmp_path / "mirror", f"{gateway}:{free_port(gateway)}", credentials_file=creds,
+                             packages_dir=packages_dir, packages_listen=f"{gateway}:{free_port(gateway)}"))
     try:
+        # Connected side: the images of the test release and the Debian 12 packages it plans.
+        def plan_for_pull(data):
+            data["all"]["vars"]["gpuboot"]["release"] = upstream.release
+            data["all"]["vars"]["gpuboot"]["node_os"] = {"id": "debian-12"}
+        pull_inventory = edit_inventory(airgap_lab["inventory"], tmp_path / "pull" / "inventory.yml", plan_for_pull)
         bundle = tmp_path / "bundle"
-        assert run(["mirror", "--releases-dir", str(upstream.releases_dir), "pull", "--release", upstream.release,
-                    "--out", str(bundle), *upstream.sources]) == 0
+        assert run(["mirror", "--releases-dir", str(upstream.releases_dir), "pull", str(pull_inventory),
+                    "--out", str(bundle), "--packages-from", str(_package_sources(tmp_path / "debs", release)),
+                    *upstream.sources]) == 0
         upstream.registry.stop()  # from here on the connected side is gone
+
+        # Air-gapped side: images into the registry, packages into a signed apt repository.
+        key_id = _signing_key(tmp_path / "gnupg")
+        packages_dir.mkdir()
         assert run(["mirror", "import", str(bundle), "--registry", mirror.spec.listen,
-                    "--ca-file", str(mirror.ca_file), "--credentials-file", str(creds)]) == 0
+                    "--ca-file", str(mirror.ca_file), "--credentials-file", str(creds),
+                    "--packages-dir", str(packages_dir), "--gpg-home", str(tmp_path / "gnupg"),
+                    "--gpg-key", key_id]) == 0
+        assert (packages_dir / "debian-12" / "InRelease").is_file()
+        public_key = tmp_path / "secrets" / "packages.asc"
+        export_public_key(str(tmp_path / "gnupg"), key_id, public_key)
 
         def air_gapped(data):
             data["all"]["vars"]["gpuboot"]["mirror"] = {
                 "air_gapped": True, "registry": mirror.spec.listen,
-                "ca_file": str(mirror.ca_file), "credentials_file": str(creds)}
+                "ca_file": str(mirror.ca_file), "credentials_file": str(creds),
+                "packages_url": f"https://{mirror.spec.packages_listen}", "packages_key_file": str(public_key)}
         inventory = edit_inventory(airgap_lab["inventory"], tmp_path / "inv" / "inventory.yml", air_gapped)
-        assert run(["up", str(inventory), "--only", "container_runtime"]) == 0
+        assert run(["up", str(inventory), "--only", "container_runtime", "--only", "kube_packages"]) == 0
         capsys.readouterr()
 
         info = {"lab": airgap_lab["lab"], "state": airgap_lab["state"]}
         node = next(iter(airgap_lab["state"].addresses))
+        # The Kubernetes packages came from the mirror's signed repository over HTTPS.
+        kube_version = matrix.load(release).os["debian-12"].kube_packages.version
+        installed = ssh(info, node, "dpkg-query -W -f '${Version}' kubeadm")
+        assert installed.stdout == kube_version, installed.stdout + installed.stderr
+        served = (mirror.spec.root / "packages-access.log").read_text()
+        assert '"GET /debian-12/./InRelease HTTP/1.1" 200' in served  # signed, and checked by apt
+        assert f'"GET /debian-12/./kubeadm_{kube_version}_amd64.deb HTTP/1.1" 200' in served
         pull = "ctr -n k8s.io images pull --hosts-dir /etc/containerd/certs.d"
         result = ssh(info, node, f"set -e; {pull} {DRIVER} >/dev/null; {pull} {PAUSE} >/dev/null; "
                                  f"ctr -n k8s.io run --rm {DRIVER} probe /bin/busybox cat /etc/image-id")

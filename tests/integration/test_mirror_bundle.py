@@ -285,3 +285,23 @@ def test_up_refuses_to_start_image_pulling_phases_while_the_mirror_lacks_artifac
     cluster = load_cluster(inventory)
     assert not needed(cluster, [p for p in UP if p.name in ("preflight", "os_prep", "container_runtime")])
     assert needed(cluster, [p for p in UP if p.name == "control_plane_init"])
+
+
+def test_pull_names_every_planned_package_missing_from_the_download_dir(tmp_path):
+    import sys
+    from gpuboot.errors import MirrorError
+    from gpuboot.mirror.packages import collect
+    from gpuboot.mirror.plan import PlannedPackage
+    standin = Path(__file__).resolve().parents[2] / "tests" / "doubles" / "kube_packages" / "standin_repo.py"
+    os_dir = tmp_path / "debs" / "debian-12"
+    subprocess.run([sys.executable, str(standin), "1.35.4-1.1", str(os_dir)], check=True, capture_output=True)
+    wanted = [PlannedPackage("debian-12", "kubeadm", "1.35.4-1.1", ""),
+              PlannedPackage("debian-12", "kubelet", "1.35.4-1.2", ""),
+              PlannedPackage("debian-12", "containerd", "1.6.20~ds1-1+deb12u3", "")]
+    with pytest.raises(MirrorError) as err:
+        collect(tmp_path / "debs", wanted)
+    text = str(err.value)
+    assert "2 planned package(s)" in text and "kubelet=1.35.4-1.2" in text and "containerd=1.6.20" in text
+    assert "kubeadm" not in text.split("\n", 1)[1].split("fix:")[0]
+    found = collect(tmp_path / "debs", wanted[:1])
+    assert {f.name for f in found} == {"kubeadm", "kubelet", "kubectl", "cri-tools", "kubernetes-cni"}

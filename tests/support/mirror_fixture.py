@@ -41,7 +41,7 @@ class Upstream:
 
 
 def start_upstream(root: Path, images: dict[str, str] = LAB_IMAGES, padding: int = 0,
-                   release: str = "lab-test") -> Upstream:
+                   release: str = "lab-test", base: str = "k8s-1.35") -> Upstream:
     binaries = busybox_binaries(IMAGE_CACHE)
     layout = root / "layout"
     for index, (ref, image_id) in enumerate(images.items()):
@@ -51,14 +51,15 @@ def start_upstream(root: Path, images: dict[str, str] = LAB_IMAGES, padding: int
         push(layout, f"t{index}", f"{registry.spec.listen}/{ref}")
     releases = root / "releases"
     releases.mkdir(parents=True, exist_ok=True)
-    write_release(releases / f"{release}.yml", release, list(images))
+    write_release(releases / f"{release}.yml", release, list(images), base=base)
     return Upstream(registry, releases, release, images)
 
 
-def write_release(path: Path, name: str, images: list[str], charts: dict | None = None) -> None:
-    """A release file like the shipped ones, with only the given images and charts."""
-    text = (ROOT / "mirror" / "releases" / "k8s-1.35.yml").read_text()
-    text = text.replace("name: k8s-1.35", f"name: {name}")
+def write_release(path: Path, name: str, images: list[str], charts: dict | None = None,
+                  base: str = "k8s-1.35") -> None:
+    """A release file like the shipped `base`, with only the given images and charts."""
+    text = (ROOT / "mirror" / "releases" / f"{base}.yml").read_text()
+    text = text.replace(f"name: {base}", f"name: {name}")
     listed = "".join(f"      - {ref}\n" for ref in images)
     text = re.sub(r"  images:\n(?:    .*\n)*?  # Images the operators",
                   f"  images:\n    lab:\n{listed}  # Images the operators", text)

@@ -104,9 +104,12 @@ def mirror_plan(ctx: MirrorContext, inventory, release, bundle, output) -> None:
               help="Reach upstream HOST at URL instead (repeatable), e.g. nvcr.io=https://proxy:5000/nvcr.io.")
 @click.option("--source-ca-file", type=click.Path(dir_okay=False, exists=True))
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True), help="SSH key that signs bundle.json.")
+@click.option("--packages-from", type=click.Path(file_okay=False, exists=True),
+              help="OS packages to carry: DIR/<os id>/*.deb (every planned one must be there).")
 @click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 32))
 @pass_mirror
-def mirror_pull(ctx: MirrorContext, inventory, release, out, sources, source_ca_file, sign_key, workers) -> None:
+def mirror_pull(ctx: MirrorContext, inventory, release, out, sources, source_ca_file, sign_key, packages_from,
+                workers) -> None:
     """Connected side: fetch the whole plan into a bundle. Re-run to resume."""
     from gpuboot.mirror.bundle import Bundle
     from gpuboot.mirror.pull import Puller, Sources
@@ -119,7 +122,7 @@ def mirror_pull(ctx: MirrorContext, inventory, release, out, sources, source_ca_
         overrides[host] = url
     puller = Puller(Bundle(Path(out)), Sources(overrides, ca_file=source_ca_file), workers=workers,
                     progress=click.echo)
-    result = puller.run(plan, sign_key)
+    result = puller.run(plan, sign_key, Path(packages_from) if packages_from else None)
     click.echo(f"bundle {out}: {result.artifacts} artifacts; {result.blobs_fetched} blobs fetched "
                f"({_size(result.bytes_fetched)}), {result.blobs_present} already there; {result.seconds:.1f}s")
 
@@ -132,14 +135,21 @@ def mirror_pull(ctx: MirrorContext, inventory, release, out, sources, source_ca_
 @click.option("--allowed-signers", type=click.Path(dir_okay=False, exists=True),
               help="ssh-keygen allowed-signers file: refuse a bundle not signed by one of them.")
 @click.option("--plain-http", is_flag=True, help="The registry speaks HTTP (labs only).")
+@click.option("--packages-dir", type=click.Path(file_okay=False),
+              help="Write the bundle's OS packages here as apt repositories, one per OS (served at mirror.packages_url).")
+@click.option("--gpg-home", type=click.Path(file_okay=False, exists=True), help="GnuPG home holding the signing key.")
+@click.option("--gpg-key", help="Key that signs the package repositories (nodes trust it via mirror.packages_key_file).")
 @click.option("--workers", type=click.IntRange(1, 32), default=None, help="Parallel uploads (default: cores).")
 @pass_app
-def mirror_import(app: App, bundle, registry, ca_file, credentials_file, allowed_signers, plain_http, workers) -> None:
+def mirror_import(app: App, bundle, registry, ca_file, credentials_file, allowed_signers, plain_http, packages_dir,
+                  gpg_home, gpg_key, workers) -> None:
     """Air-gapped side: push a bundle into the registry, verifying every digest."""
     from gpuboot.mirror.bundle import Bundle
     from gpuboot.mirror.push import Importer
     target = _registry(registry, ca_file, credentials_file, plain_http)
-    result = Importer(Bundle(Path(bundle)), target, workers=workers, progress=click.echo).run(allowed_signers)
+    result = Importer(Bundle(Path(bundle)), target, workers=workers, progress=click.echo,
+                      packages_dir=Path(packages_dir) if packages_dir else None, gpg_home=gpg_home,
+                      gpg_key=gpg_key).run(allowed_signers)
     click.echo(f"imported into {registry}: {result.artifacts} artifacts ({result.already_present} already there); "
                f"{result.blobs_uploaded} blobs uploaded ({_size(result.bytes_uploaded)}, {result.mb_per_s:.0f} MB/s), "
                f"{result.blobs_mounted} mounted, {result.blobs_present} present; {result.seconds:.2f}s")
@@ -190,18 +200,38 @@ def mirror_cert(directory, names) -> None:
 @click.option("--tls-key", type=click.Path(dir_okay=False, exists=True))
 @click.option("--credentials-file", type=click.Path(dir_okay=False, exists=True),
               help="JSON username/password: the one user allowed to push and pull.")
+@click.option("--packages-dir", type=click.Path(file_okay=False, exists=True),
+              help="Also serve these package repositories (from `mirror import --packages-dir`).")
+@click.option("--packages-listen", default="0.0.0.0:8443", show_default=True, metavar="HOST:PORT")
 @click.option("--plain-http", is_flag=True, help="No TLS (labs only).")
-def mirror_serve(root, listen, names, tls_cert, tls_key, credentials_file, plain_http) -> None:
+def mirror_serve(root, listen, names, tls_cert, tls_key, credentials_file, packages_dir, packages_listen,
+                 plain_http) -> None:
     """Run the mirror registry in the foreground (the registry_mirror role runs it as a service)."""
-    from gpuboot.mirror.serve import ServeSpec, command, write_config
+    import time
+    from gpuboot.mirror.serve import ServeSpec, command, start, write_config
     if bool(tls_cert) != bool(tls_key):
         raise UsageError("--tls-cert and --tls-key go together")
     spec = ServeSpec(Path(root).resolve(), listen, tls=not plain_http, names=tuple(names),
                      tls_cert=Path(tls_cert) if tls_cert else None, tls_key=Path(tls_key) if tls_key else None,
-                     credentials_file=Path(credentials_file) if credentials_file else None)
-    config = write_config(spec)
+                     credentials_file=Path(credentials_file) if credentials_file else None,
+                     packages_dir=Path(packages_dir) if packages_dir else None,
+                     packages_listen=packages_listen if packages_dir else None)
+    if not spec.packages_dir:
+        config = write_config(spec)
+        _announce(spec, tls_cert)
+        argv = command(config)
+        os.execv(argv[0], argv)
+    running = start(spec)
+    _announce(spec, tls_cert)
+    click.echo(f"packages: {'https' if spec.tls else 'http'}://{packages_listen}/<os id>/ from {packages_dir}")
+    try:
+        while running.process.poll() is None:
+            time.sleep(1)
+    finally:
+        running.stop()
+
+
+def _announce(spec, tls_cert) -> None:
     if spec.tls and not tls_cert:
         click.echo(f"CA for nodes and clients: {spec.root / 'pki' / 'ca.crt'}")
     click.echo(f"serving {spec.url} from {spec.root / 'data'}")
-    argv = command(config)
-    os.execv(argv[0], argv)

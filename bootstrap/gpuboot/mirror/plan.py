@@ -90,6 +90,7 @@ class Target:
                     f"{cluster.inventory}: gpuboot.node_os is not set, so the GPU/DOCA driver images "
                     "(tagged per OS and kernel at run time) cannot be listed",
                     hint="add gpuboot.node_os: {id: ubuntu-22.04, kernels: [<uname -r of the GPU nodes>]}")
+            # Without the OS no package can be planned; images need no OS here.
             return cls(os_ids=(), gpu_workers=False, rdma=False)
         return cls(os_ids=(settings.node_os.id,), kernels=tuple(settings.node_os.kernels),
                    architectures=tuple(settings.node_os.architectures), gpu_workers=gpu, rdma=rdma,

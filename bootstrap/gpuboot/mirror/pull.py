@@ -15,12 +15,14 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from threading import Lock
 from typing import Callable
 
 import yaml
 
 from gpuboot.errors import MirrorError
+from gpuboot.mirror import packages
 from gpuboot.mirror.bundle import Artifact, Bundle
 from gpuboot.mirror.plan import Plan, PlannedChart
 from gpuboot.mirror.refs import ImageRef
@@ -80,10 +82,12 @@ class Puller:
         self._lock = Lock()
         self.fetched = self.present = self.bytes = 0
 
-    def run(self, plan: Plan, sign_key: str | None = None) -> PullSummary:
+    def run(self, plan: Plan, sign_key: str | None = None, packages_from: Path | None = None) -> PullSummary:
         started = time.monotonic()
         artifacts: list[Artifact] = []
         failures: list[str] = []
+        # Packages first: a missing one is found in a second, not after the images' download.
+        package_files = packages.collect(packages_from, plan.packages) if packages_from else []
         with ThreadPoolExecutor(self.workers) as pool:
             self.pool = pool
             jobs = [(str(i.ref), pool.submit(self._image, i.ref)) for i in plan.images]
@@ -101,6 +105,10 @@ class Puller:
             raise MirrorError(f"{len(failures)} of {len(jobs)} artifacts could not be pulled:\n  "
                               + "\n  ".join(failures),
                               hint="fix the sources and re-run the same pull: finished blobs are kept")
+        artifacts += [self._package(f) for f in package_files]
+        if plan.packages and not packages_from:
+            self.progress(f"note: the {len(plan.packages)} planned OS packages are not in this bundle "
+                          "(pass --packages-from DIR with DIR/<os id>/*.deb)")
         self.bundle.write_manifest(plan.release, artifacts, sign_key)
         return PullSummary(len(artifacts), self.fetched, self.present, self.bytes, time.monotonic() - started)
 
@@ -149,6 +157,16 @@ class Puller:
             self._queue_blob(registry, ref.repository, digest, size)
         return Artifact("image", str(ref), ref.mirror_repository, ref.tag, top.digest, top.media_type,
                         manifests, [{"digest": d, "size": s} for d, s in blobs.items()])
+
+    # -- packages ----------------------------------------------------------------
+    def _package(self, package: packages.PackageFile) -> Artifact:
+        data = package.path.read_bytes()
+        digest = sha256_digest(data)
+        if not self.bundle.has_blob(digest, len(data)):
+            self.bundle.write_blob(digest, [data], len(data))
+        self.progress(f"package {package.ref} ({len(data) / 1e6:.1f} MB)")
+        return Artifact("package", package.ref, f"packages/{package.os}", package.path.name, digest,
+                        packages.DEB, [], [{"digest": digest, "size": len(data)}])
 
     # -- charts ------------------------------------------------------------------
     def _chart(self, chart: PlannedChart) -> Artifact:

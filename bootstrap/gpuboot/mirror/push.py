@@ -11,10 +11,12 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from threading import Lock
 from typing import Callable
 
 from gpuboot.errors import MirrorError
+from gpuboot.mirror import packages
 from gpuboot.mirror.bundle import Artifact, Bundle, HashingReader
 from gpuboot.mirror.registry import Manifest, Registry
 
@@ -28,6 +30,7 @@ class ImportSummary:
     blobs_present: int
     bytes_uploaded: int
     seconds: float
+    packages: int = 0
 
     @property
     def mb_per_s(self) -> float:
@@ -44,20 +47,24 @@ class _BlobJob:
 
 class Importer:
     def __init__(self, bundle: Bundle, registry: Registry, *, workers: int | None = None,
-                 progress: Callable[[str], None] = lambda message: None) -> None:
+                 progress: Callable[[str], None] = lambda message: None, packages_dir: Path | None = None,
+                 gpg_home: str | None = None, gpg_key: str | None = None) -> None:
         self.bundle, self.registry, self.progress = bundle, registry, progress
+        self.packages_dir, self.gpg_home, self.gpg_key = packages_dir, gpg_home, gpg_key
         self.workers = workers or max(2, os.cpu_count() or 2)
         self._lock = Lock()
         self.uploaded = self.mounted = self.present = self.bytes = 0
 
     def run(self, allowed_signers: str | None = None) -> ImportSummary:
         started = time.monotonic()
-        _release, artifacts = self.bundle.read_manifest(allowed_signers)
+        _release, everything = self.bundle.read_manifest(allowed_signers)
+        package_artifacts = [a for a in everything if a.kind == "package"]
+        artifacts = [a for a in everything if a.kind != "package"]
         with ThreadPoolExecutor(self.workers) as pool:
             tagged = list(pool.map(self._already_there, artifacts))
         todo = [a for a, done in zip(artifacts, tagged) if not done]
         self.progress(f"{len(artifacts)} artifacts in the bundle, {len(artifacts) - len(todo)} already in the mirror")
-        self._check_files(todo)
+        self._check_files(todo + (package_artifacts if self.packages_dir else []))
         jobs = self._blob_jobs(todo)
         failures: list[str] = []
         with ThreadPoolExecutor(self.workers) as pool:
@@ -72,8 +79,24 @@ class Importer:
         for count, artifact in enumerate(todo, 1):
             self._push_manifests(artifact)
             self.progress(f"[{count}/{len(todo)}] {artifact.ref} ({artifact.size / 1e6:.1f} MB)")
+        self._write_packages(package_artifacts)
         return ImportSummary(len(artifacts), len(artifacts) - len(todo), self.uploaded, self.mounted,
-                             self.present, self.bytes, time.monotonic() - started)
+                             self.present, self.bytes, time.monotonic() - started, len(package_artifacts))
+
+    def _write_packages(self, artifacts: list[Artifact]) -> None:
+        if not artifacts:
+            return
+        if self.packages_dir is None:
+            self.progress(f"note: {len(artifacts)} packages in the bundle were not written (pass --packages-dir)")
+            return
+        files = [(a.repository.removeprefix("packages/"), a.tag, self.bundle.blob_path(a.digest), a.digest,
+                  a.blobs[0]["size"]) for a in artifacts]
+        changed = packages.install(self.packages_dir, files)
+        for os_id in sorted({f[0] for f in files}):
+            if os_id in changed or not (self.packages_dir / os_id / "Release").is_file():
+                packages.write_index(self.packages_dir / os_id, self.gpg_home, self.gpg_key)
+        self.progress(f"{len(artifacts)} packages in {self.packages_dir} "
+                      f"({', '.join(sorted(changed)) or 'nothing'} changed)")
 
     def _already_there(self, artifact: Artifact) -> bool:
         return self.registry.manifest_digest(artifact.repository, artifact.tag) == artifact.digest

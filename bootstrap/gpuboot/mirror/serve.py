@@ -2,13 +2,17 @@
 storage on disk, TLS from gpuboot's CA or the operator's, optional htpasswd users."""
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import os
 import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +37,8 @@ class ServeSpec:
     tls_cert: Path | None = None    # the operator's own certificate and key
     tls_key: Path | None = None
     credentials_file: Path | None = None  # JSON {"username", "password"}: one htpasswd user
+    packages_dir: Path | None = None      # apt repositories written by `mirror import --packages-dir`
+    packages_listen: str | None = None    # HOST:PORT they are served on (same TLS)
 
     @property
     def host(self) -> str:
@@ -94,17 +100,45 @@ def command(config: Path) -> list[str]:
     return [binary, "serve", str(config)]
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (the stdlib's name)
+        with open(self.server.access_log, "a") as out:  # type: ignore[attr-defined]
+            out.write(f"{self.address_string()} {format % args}\n")
+
+
+def serve_packages(spec: ServeSpec) -> http.server.ThreadingHTTPServer:
+    """A read-only HTTPS file server for the package repositories, in a background thread."""
+    assert spec.packages_dir and spec.packages_listen
+    host, port = spec.packages_listen.rsplit(":", 1)
+    handler = functools.partial(_QuietHandler, directory=str(spec.packages_dir))
+    server = http.server.ThreadingHTTPServer((host, int(port)), handler)
+    server.access_log = spec.root / "packages-access.log"  # type: ignore[attr-defined]
+    if spec.tls:
+        cert, key = (spec.tls_cert, spec.tls_key) if spec.tls_cert else \
+            (spec.root / "pki" / "server.crt", spec.root / "pki" / "server.key")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(str(cert), str(key))
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True, name="gpuboot-packages").start()
+    return server
+
+
 class RunningRegistry:
     """A registry process started in the background (the lab and tests); stop() ends it."""
 
-    def __init__(self, spec: ServeSpec, process: subprocess.Popen, log: Path) -> None:
-        self.spec, self.process, self.log = spec, process, log
+    def __init__(self, spec: ServeSpec, process: subprocess.Popen, log: Path,
+                 packages: http.server.ThreadingHTTPServer | None = None) -> None:
+        self.spec, self.process, self.log, self.packages = spec, process, log, packages
 
     @property
     def ca_file(self) -> Path | None:
         return self.spec.root / "pki" / "ca.crt" if self.spec.tls and not self.spec.tls_cert else None
 
     def stop(self) -> None:
+        if self.packages is not None:
+            self.packages.shutdown()
+            self.packages.server_close()
+            self.packages = None
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -126,7 +160,9 @@ def start(spec: ServeSpec, timeout: float = 10) -> RunningRegistry:
             raise MirrorError(f"registry exited at start ({process.returncode}); see {log}")
         try:
             with socket.create_connection((host, int(port)), timeout=0.5):
-                return RunningRegistry(spec, process, log)
+                pass
+            packages = serve_packages(spec) if spec.packages_dir else None
+            return RunningRegistry(spec, process, log, packages)
         except OSError:
             time.sleep(0.05)
     process.kill()

@@ -7,7 +7,8 @@ Each stand-in has the real package's name, version, dependencies and the files t
 kube_packages role and its checks look at: /usr/bin/<tool> answering `version` like the real
 one, and for kubelet the systemd unit and its kubeadm drop-in. Built with dpkg-deb on the node.
 
-usage: standin_repo.py VERSION OUT_DIR       (VERSION like 1.35.4-1.1)"""
+usage: standin_repo.py VERSION OUT_DIR [CRI_TOOLS_VERSION KUBERNETES_CNI_VERSION]
+       (VERSION like 1.35.4-1.1; the companions default to <minor>.0-1.1)"""
 from __future__ import annotations
 
 import hashlib
@@ -48,13 +49,14 @@ PACKAGES = {
 }
 
 
-def build(version: str, out: str) -> None:
+def build(version: str, out: str, cri_tools: str | None = None, cni: str | None = None) -> None:
     upstream = version.split("-")[0]
     os.makedirs(out, exist_ok=True)
     stanzas = []
     for name, (files, depends) in PACKAGES.items():
         minor = ".".join(upstream.split(".")[:2])
-        pkg_version = version if name in ("kubeadm", "kubelet", "kubectl") else f"{minor}.0-1.1"
+        companion = {"cri-tools": cri_tools, "kubernetes-cni": cni}.get(name)
+        pkg_version = version if name in ("kubeadm", "kubelet", "kubectl") else companion or f"{minor}.0-1.1"
         with tempfile.TemporaryDirectory() as root:
             os.makedirs(os.path.join(root, "DEBIAN"))
             for path, binary in files.items():
@@ -85,4 +87,4 @@ def build(version: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    build(sys.argv[1], sys.argv[2])
+    build(*sys.argv[1:5])
