@@ -32,6 +32,12 @@ def test_render_sample_matches_golden(tmp_path, capsys):
     # Air-gapped: the mirror is the server, so a miss never falls back to the internet.
     assert 'server = "https://mirror01.example.internal:5000/v2/nvcr.io"' in nvcr and "override_path = true" in nvcr
     assert 'imports = ["/etc/containerd/conf.d/*.toml"]' in got["cp01/etc/containerd/config.toml"]
+    # kubeadm's configuration exists for the first control plane only, images from the mirror.
+    kubeadm = [name for name in got if name.endswith("kubeadm-config.yaml")]
+    assert kubeadm == ["cp01/etc/kubernetes/gpuboot/kubeadm-config.yaml"]
+    assert 'imageRepository: "mirror01.example.internal:5000/registry.k8s.io"' in got[kubeadm[0]]
+    # The mirror's own name has a hosts.toml too (CA and credentials for imageRepository pulls).
+    assert "gpu01/etc/containerd/certs.d/mirror01.example.internal:5000/hosts.toml" in got
 
 
 def test_render_unknown_or_unrenderable_phase(tmp_path, capsys):
