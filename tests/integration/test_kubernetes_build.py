@@ -4,6 +4,7 @@ under 30 s warm, about 1.5 s when nothing changed). Checks the binaries report t
 version and that the matrix agrees with the real kubeadm about the sandbox image."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -56,3 +57,18 @@ def test_the_mirror_plans_exactly_kubeadms_image_list(built):
     plan = build(matrix.load(matrix_versions()[built.version]))
     planned = [str(i.ref) for i in plan.images if i.component == "kubernetes"]
     assert planned == images  # same images, same order: a new kubeadm default fails here
+
+
+def test_companions_are_built_at_the_matrix_lab_build_versions(built):
+    release = matrix.load(matrix_versions()[built.version])
+    lab_build = release.model_extra["lab_build"]
+    builder = KubernetesBuild(log=lambda m: None)
+    etcd = builder.companion_dir(built.version, "etcd") / "etcd"
+    assert f"etcd Version: {lab_build['etcd']['version'].lstrip('v')}" in run(str(etcd), "--version")
+    # kubeadm's etcd tag is what the lab image is named; its version part is what kubeadm wants.
+    images = run(str(built.bin_dir / "kubeadm"), "config", "images", "list", "--kubernetes-version", built.version)
+    assert f"registry.k8s.io/etcd:{lab_build['etcd']['image_tag']}" in images.splitlines()
+    cni = builder.companion_dir(built.version, "cni_plugins")
+    assert {"bridge", "host-local", "loopback", "portmap"} <= {p.name for p in cni.iterdir()}
+    answer = subprocess.run([str(cni / "bridge")], capture_output=True, text=True, env={"CNI_COMMAND": "VERSION"})
+    assert "1.0.0" in json.loads(answer.stdout)["supportedVersions"]

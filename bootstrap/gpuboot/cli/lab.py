@@ -132,3 +132,16 @@ def lab_kubernetes_build(app: App, version: str | None) -> None:
 def lab_kubernetes_path(app: App, version: str | None) -> None:
     """Print the directory of the built binaries."""
     click.echo(str(_kube_build(app).path(version)))
+
+
+@lab_kubernetes.command("bundle")
+@click.option("--version", "version", default=None, help="A Kubernetes version of the matrix; default: the newest.")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
+@pass_app
+def lab_kubernetes_bundle(app: App, version: str | None, out: str) -> None:
+    """The built Kubernetes as images and .debs in a bundle, for `gpuboot mirror import`."""
+    from gpuboot.lab.artifacts import write
+    result = write(version, Path(out), log=lambda msg: app.console.print(f"[dim]{msg}[/]"))
+    app.console.print(f"[green]bundle {out}[/]: {len(result.images)} images, {len(result.packages)} packages")
+    for item in result.not_built:
+        app.console.print(f"[yellow]not built[/]: {item}")

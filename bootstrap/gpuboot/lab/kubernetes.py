@@ -33,6 +33,14 @@ RECIPE_VERSION = "1"
 DEFAULT_CACHE = Path.home() / ".cache" / "gpuboot" / "kubernetes"
 VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
 PAUSE_SOURCE = Path(__file__).parent / "go" / "pause"
+# Packages built from each companion module (lab_build in the matrix); etcd's server module
+# is itself a main package, CNI's plugins are one binary per package.
+COMPANION_PACKAGES = {
+    "etcd": [""],
+    "cni_plugins": [f"plugins/{p}" for p in ("main/bridge", "main/loopback", "main/host-device", "main/ptp",
+                                            "ipam/host-local", "meta/portmap", "meta/bandwidth", "meta/tuning",
+                                            "meta/firewall")],
+}
 STAGING_REPLACE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/src/\1\s*$", re.M)
 
 
@@ -172,6 +180,8 @@ class KubernetesBuild:
             built.append(name)
             self.log(f"{step}: built in {time.monotonic() - t0:.0f}s")
         self._check_version(bin_dir, version, components)
+        for name, done in self._companions(version, log_file).items():
+            (built if done else reused).append(name)
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
         seconds = round(time.monotonic() - started, 1)
         manifest = {"version": version, "recipe": self.recipe_key(), "components": {
@@ -180,6 +190,47 @@ class KubernetesBuild:
         (build_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
         self.log(f"Kubernetes {version}: {len(built)} built, {len(reused)} cached, {seconds}s, peak {peak} MiB")
         return BuildResult(version, bin_dir, built, reused, seconds, peak)
+
+    def companion_dir(self, version: str, name: str, module_version: str | None = None) -> Path:
+        if module_version is None:
+            release = matrix.load(matrix_versions()[version])
+            module_version = release.model_extra["lab_build"][name]["version"]
+        return self.build_dir(version) / "companions" / f"{name}-{module_version}"
+
+    def _companions(self, version: str, log_file: Path) -> dict[str, bool]:
+        """etcd and the CNI plugins at the versions the matrix's lab_build names, each in its own
+        wrapper module (etcd's go.mod has replace directives, so it cannot be `go install`ed)."""
+        release = matrix.load(matrix_versions()[version])
+        wanted = (release.model_extra or {}).get("lab_build") or {}
+        results: dict[str, bool] = {}
+        for name, spec in sorted(wanted.items()):
+            if name not in COMPANION_PACKAGES:
+                raise LabError(f"lab_build.{name} in release {release.name} is not something the lab can build",
+                               hint=f"known: {', '.join(sorted(COMPANION_PACKAGES))}")
+            module, module_version = spec["module"], spec["version"]
+            # Named by the module version: a new lab_build version in the matrix builds anew.
+            out = self.companion_dir(version, name, module_version)
+            targets = [out / (pkg.rsplit("/", 1)[-1] or name) for pkg in COMPANION_PACKAGES[name]]
+            if all(t.is_file() for t in targets):
+                results[name] = False
+                continue
+            wrapper = self.cache_dir / "companions" / f"{name}-{module_version}"
+            wrapper.mkdir(parents=True, exist_ok=True)
+            (wrapper / "go.mod").write_text(f"module gpuboot.local/{name}-build\n\ngo 1.24.0\n\n"
+                                            f"require {module} {module_version}\n")
+            self.log(f"{name} {module_version}: building")
+            t0 = time.monotonic()
+            out.mkdir(parents=True, exist_ok=True)
+            for pkg, target in zip(COMPANION_PACKAGES[name], targets):
+                path = f"{module}/{pkg}".rstrip("/")
+                # -mod=mod (in _env) lets the build add what the package needs to the wrapper.
+                if self._go(["build", "-trimpath", "-ldflags", "-s -w", "-o", f"{target}.partial", path],
+                            wrapper, log_file).returncode != 0:
+                    raise LabError(f"building {name} {module_version} ({path}) failed", hint=f"see {log_file}")
+                Path(f"{target}.partial").replace(target)
+            self.log(f"{name} {module_version}: built in {time.monotonic() - t0:.0f}s")
+            results[name] = True
+        return results
 
     @staticmethod
     def _pause_tag(version: str) -> str:

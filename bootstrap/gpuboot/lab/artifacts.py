@@ -1,0 +1,198 @@
+"""`gpuboot lab kubernetes bundle`: the built Kubernetes as a real user's mirror would hold
+it, written as a gpuboot bundle (the same format `mirror pull` writes, entering the lab's
+mirror through `mirror import` like any other bundle):
+
+- OCI images named exactly as `kubeadm config images list` prints them, each the static
+  binary on an empty root (built here, nothing pulled);
+- .deb packages kubeadm, kubelet (with its systemd unit and kubeadm drop-in), kubectl and
+  kubernetes-cni at the matrix's package versions for debian-12.
+
+What the lab cannot build is listed, not faked: CoreDNS at kubeadm's version and cri-tools
+(crictl) are not on this machine's Go module proxy."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from gpuboot import matrix
+from gpuboot.errors import LabError
+from gpuboot.lab.kubernetes import KubernetesBuild, matrix_versions
+from gpuboot.mirror.bundle import Artifact, Bundle
+from gpuboot.mirror.packages import DEB
+from gpuboot.mirror.refs import parse_image
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+PATH_ENV = "PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
+# kubeadm's image names -> the binary inside, where it lives, and how the image starts.
+IMAGE_BINARIES = {
+    "kube-apiserver": ("usr/local/bin/kube-apiserver", None),
+    "kube-controller-manager": ("usr/local/bin/kube-controller-manager", None),
+    "kube-scheduler": ("usr/local/bin/kube-scheduler", None),
+    "kube-proxy": ("usr/local/bin/kube-proxy", None),
+    "etcd": ("usr/local/bin/etcd", None),
+    "pause": ("pause", ["/pause"]),
+}
+KUBELET_UNIT = """[Unit]
+Description=kubelet: The Kubernetes Node Agent
+Documentation=https://kubernetes.io/docs/
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+ExecStart=/usr/bin/kubelet
+Restart=always
+StartLimitInterval=0
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+"""
+# The drop-in kubeadm's packages ship: kubeadm writes the files it reads.
+KUBEADM_DROP_IN = """[Service]
+Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf"
+Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
+EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
+EnvironmentFile=-/etc/default/kubelet
+ExecStart=
+ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
+"""
+
+
+@dataclass
+class LabBundle:
+    path: Path
+    images: list[str]
+    packages: list[str]
+    not_built: list[str]
+
+
+def _tar(entries: list[tuple[str, bytes, int]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data, mode in entries:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _store(bundle: Bundle, data: bytes) -> dict:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    if not bundle.has_blob(digest, len(data)):
+        bundle.write_blob(digest, [data], len(data))
+    return {"digest": digest, "size": len(data)}
+
+
+def image_artifact(bundle: Bundle, ref: str, path_in_image: str, binary: bytes,
+                   entrypoint: list[str] | None) -> Artifact:
+    """A single-layer amd64 image: the binary at its path, PATH set, nothing else."""
+    layer_tar = _tar([(path_in_image, binary, 0o755)])
+    layer = _store(bundle, gzip.compress(layer_tar, compresslevel=1, mtime=0))
+    config_doc = {"architecture": "amd64", "os": "linux",
+                  "config": {"Env": [PATH_ENV], **({"Entrypoint": entrypoint} if entrypoint else {})},
+                  "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer_tar).hexdigest()]}}
+    config = _store(bundle, json.dumps(config_doc, sort_keys=True).encode())
+    manifest_body = json.dumps({
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **layer}]}, sort_keys=True).encode()
+    manifest = _store(bundle, manifest_body)
+    parsed = parse_image(ref)
+    return Artifact("image", ref, parsed.mirror_repository, parsed.tag, manifest["digest"], OCI_MANIFEST,
+                    [{**manifest, "media_type": OCI_MANIFEST}], [config, layer])
+
+
+def build_deb(work: Path, name: str, version: str, files: dict[str, tuple[bytes, int]], depends: str,
+              description: str) -> Path:
+    root = work / name
+    (root / "DEBIAN").mkdir(parents=True)
+    for path, (data, mode) in files.items():
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        target.chmod(mode)
+    control = (f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n"
+               "Maintainer: gpuboot lab <lab@gpuboot.invalid>\n"
+               + (f"Depends: {depends}\n" if depends else "")
+               + f"Description: {description}\n")
+    (root / "DEBIAN" / "control").write_text(control)
+    deb = work / f"{name}_{version}_amd64.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", str(root), str(deb)],
+                   check=True, capture_output=True)
+    return deb
+
+
+def package_artifact(bundle: Bundle, os_id: str, name: str, version: str, deb: Path) -> Artifact:
+    blob = _store(bundle, deb.read_bytes())
+    return Artifact("package", f"{os_id}: {name}={version}", f"packages/{os_id}", deb.name, blob["digest"],
+                    DEB, [], [blob])
+
+
+def write(version: str | None, out: Path, log: Callable[[str], None] = print) -> LabBundle:
+    builder = KubernetesBuild(log=log)
+    result = builder.build(version)
+    version = result.version
+    release = matrix.load(matrix_versions()[version])
+    bin_dir = result.bin_dir
+    images_list = subprocess.run([str(bin_dir / "kubeadm"), "config", "images", "list", "--kubernetes-version",
+                                  version], capture_output=True, text=True, check=True).stdout.split()
+    bundle = Bundle(out)
+    artifacts: list[Artifact] = []
+    not_built: list[str] = []
+    lab_build = release.model_extra.get("lab_build", {})
+    for ref in images_list:
+        short = parse_image(ref).repository.rsplit("/", 1)[-1]
+        if short not in IMAGE_BINARIES:
+            not_built.append(f"{ref} (not on this machine's Go module proxy at that version)")
+            continue
+        path_in_image, entrypoint = IMAGE_BINARIES[short]
+        if short == "etcd":
+            binary = builder.companion_dir(version, "etcd") / "etcd"
+            if parse_image(ref).tag != lab_build["etcd"]["image_tag"]:
+                raise LabError(f"kubeadm wants {ref} but lab_build.etcd.image_tag is {lab_build['etcd']['image_tag']}",
+                               hint=f"fix lab_build in mirror/releases/{release.name}.yml")
+        else:
+            binary = bin_dir / short
+        log(f"image {ref}")
+        artifacts.append(image_artifact(bundle, ref, path_in_image, binary.read_bytes(), entrypoint))
+    os_id = "debian-12"
+    kube = release.os[os_id].kube_packages
+    cni_version = str(kube.model_extra["kubernetes_cni"])
+    minimum = version.lstrip("v").rsplit(".", 1)[0] + ".0"
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        cni_dir = builder.companion_dir(version, "cni_plugins")
+        debs = [
+            ("kubernetes-cni", cni_version, {f"opt/cni/bin/{p.name}": (p.read_bytes(), 0o755)
+                                             for p in sorted(cni_dir.iterdir())}, "",
+             f"CNI plugins {lab_build['cni_plugins']['version']} (gpuboot lab build)"),
+            ("kubectl", kube.version, {"usr/bin/kubectl": ((bin_dir / "kubectl").read_bytes(), 0o755)}, "",
+             f"kubectl {version} (gpuboot lab build)"),
+            ("kubelet", kube.version, {"usr/bin/kubelet": ((bin_dir / "kubelet").read_bytes(), 0o755),
+                                       "usr/lib/systemd/system/kubelet.service": (KUBELET_UNIT.encode(), 0o644),
+                                       "usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf":
+                                           (KUBEADM_DROP_IN.encode(), 0o644)},
+             "kubernetes-cni, iptables, mount", f"kubelet {version} (gpuboot lab build)"),
+            # Upstream's kubeadm also depends on cri-tools, which the lab cannot build.
+            ("kubeadm", kube.version, {"usr/bin/kubeadm": ((bin_dir / "kubeadm").read_bytes(), 0o755)},
+             f"kubelet (>= {minimum}), kubectl (>= {minimum}), kubernetes-cni",
+             f"kubeadm {version} (gpuboot lab build)"),
+        ]
+        packages = []
+        for name, pkg_version, files, depends, description in debs:
+            log(f"package {name}={pkg_version}")
+            deb = build_deb(work, name, pkg_version, files, depends, description)
+            artifacts.append(package_artifact(bundle, os_id, name, pkg_version, deb))
+            packages.append(f"{name}={pkg_version}")
+    not_built.append(f"cri-tools={kube.model_extra['cri_tools']} (sigs.k8s.io/cri-tools is not on this machine's "
+                     "Go module proxy)")
+    bundle.write_manifest(f"{release.name}-lab", artifacts)
+    return LabBundle(out, [a.ref for a in artifacts if a.kind == "image"], packages, not_built)
