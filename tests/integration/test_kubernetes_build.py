@@ -68,6 +68,9 @@ def test_companions_are_built_at_the_matrix_lab_build_versions(built):
     # kubeadm's etcd tag is what the lab image is named; its version part is what kubeadm wants.
     images = run(str(built.bin_dir / "kubeadm"), "config", "images", "list", "--kubernetes-version", built.version)
     assert f"registry.k8s.io/etcd:{lab_build['etcd']['image_tag']}" in images.splitlines()
+    coredns = builder.companion_dir(built.version, "coredns") / "coredns"
+    assert run(str(coredns), "-version").startswith(f"CoreDNS-{lab_build['coredns']['version'].lstrip('v')}")
+    assert f"registry.k8s.io/coredns/coredns:{lab_build['coredns']['image_tag']}" in images.splitlines()
     cni = builder.companion_dir(built.version, "cni_plugins")
     assert {"bridge", "host-local", "loopback", "portmap"} <= {p.name for p in cni.iterdir()}
     answer = subprocess.run([str(cni / "bridge")], capture_output=True, text=True, env={"CNI_COMMAND": "VERSION"})

@@ -7,8 +7,9 @@ mirror through `mirror import` like any other bundle):
 - .deb packages kubeadm, kubelet (with its systemd unit and kubeadm drop-in), kubectl and
   kubernetes-cni at the matrix's package versions for debian-12.
 
-What the lab cannot build is listed, not faked: CoreDNS at kubeadm's version and cri-tools
-(crictl) are not on this machine's Go module proxy."""
+What the lab cannot build is listed, not faked: cri-tools (crictl) is not on this machine's
+Go module proxy. etcd and CoreDNS are built at the matrix's lab_build versions (the nearest
+the proxy has) and tagged as kubeadm expects."""
 from __future__ import annotations
 
 import gzip
@@ -38,6 +39,7 @@ IMAGE_BINARIES = {
     "kube-scheduler": ("usr/local/bin/kube-scheduler", None),
     "kube-proxy": ("usr/local/bin/kube-proxy", None),
     "etcd": ("usr/local/bin/etcd", None),
+    "coredns": ("coredns", ["/coredns"]),
     "pause": ("pause", ["/pause"]),
 }
 KUBELET_UNIT = """[Unit]
@@ -154,10 +156,11 @@ def write(version: str | None, out: Path, log: Callable[[str], None] = print) ->
             not_built.append(f"{ref} (not on this machine's Go module proxy at that version)")
             continue
         path_in_image, entrypoint = IMAGE_BINARIES[short]
-        if short == "etcd":
-            binary = builder.companion_dir(version, "etcd") / "etcd"
-            if parse_image(ref).tag != lab_build["etcd"]["image_tag"]:
-                raise LabError(f"kubeadm wants {ref} but lab_build.etcd.image_tag is {lab_build['etcd']['image_tag']}",
+        if short in lab_build:  # etcd, coredns: built at the matrix's lab_build version
+            binary = builder.companion_dir(version, short) / short
+            if parse_image(ref).tag != lab_build[short]["image_tag"]:
+                raise LabError(f"kubeadm wants {ref} but lab_build.{short}.image_tag is "
+                               f"{lab_build[short]['image_tag']}",
                                hint=f"fix lab_build in mirror/releases/{release.name}.yml")
         else:
             binary = bin_dir / short
