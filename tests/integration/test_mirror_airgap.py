@@ -18,7 +18,7 @@ from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.lab.cluster import Lab, LabSpec
 from gpuboot.mirror import pki
-from gpuboot.mirror.packages import export_public_key
+from gpuboot.mirror.packages import export_public_key, write_index
 from gpuboot.mirror.serve import ServeSpec, start
 from tests.integration.conftest import edit_inventory, ssh
 from tests.support.mirror_fixture import free_port, start_upstream
@@ -104,14 +104,24 @@ def test_nodes_pull_original_names_through_the_mirror_only(airgap_lab, tmp_path,
         public_key = tmp_path / "secrets" / "packages.asc"
         export_public_key(str(tmp_path / "gnupg"), key_id, public_key)
 
+        mirror_settings = {"air_gapped": True, "registry": mirror.spec.listen,
+                           "ca_file": str(mirror.ca_file), "credentials_file": str(creds),
+                           "packages_url": f"https://{mirror.spec.packages_listen}",
+                           "packages_key_file": str(public_key)}
+
         def air_gapped(data):
-            data["all"]["vars"]["gpuboot"]["mirror"] = {
-                "air_gapped": True, "registry": mirror.spec.listen,
-                "ca_file": str(mirror.ca_file), "credentials_file": str(creds),
-                "packages_url": f"https://{mirror.spec.packages_listen}", "packages_key_file": str(public_key)}
+            data["all"]["vars"]["gpuboot"]["mirror"] = mirror_settings
+            data["all"]["vars"]["gpuboot"]["node_os"] = {"id": "debian-12"}
         inventory = edit_inventory(airgap_lab["inventory"], tmp_path / "inv" / "inventory.yml", air_gapped)
+        # The air-gap preflight checks the packages kube_packages will install, then the run goes on.
         assert run(["up", str(inventory), "--only", "container_runtime", "--only", "kube_packages"]) == 0
-        capsys.readouterr()
+        assert "holds all 6 artifacts these phases need" in capsys.readouterr().err
+
+        # verify of the connected side's inventory: every image and every package is in the mirror.
+        pull_data = edit_inventory(pull_inventory, tmp_path / "verify" / "inventory.yml",
+                                   lambda data: data["all"]["vars"]["gpuboot"].update(mirror=mirror_settings))
+        assert run(["mirror", "--releases-dir", str(upstream.releases_dir), "verify", str(pull_data)]) == 0
+        assert "and 6 packages" in capsys.readouterr().out
 
         info = {"lab": airgap_lab["lab"], "state": airgap_lab["state"]}
         node = next(iter(airgap_lab["state"].addresses))
@@ -151,6 +161,12 @@ def test_nodes_pull_original_names_through_the_mirror_only(airgap_lab, tmp_path,
                                     f"ctr -n k8s.io images rm {PAUSE} >/dev/null; {pull} {PAUSE}; rc=$?; "
                                     f"cp /root/ca.bak {CA_ON_NODE}; exit $rc")
         assert untrusted.returncode != 0 and "unknown authority" in (untrusted.stderr + untrusted.stdout)
+
+        # A package that left the repository is named by the preflight before any node is touched.
+        (packages_dir / "debian-12" / f"kubectl_{kube_version}_amd64.deb").unlink()
+        write_index(packages_dir / "debian-12")
+        assert run(["up", str(inventory), "--only", "kube_packages", "--force"]) == 6
+        assert f"debian-12: kubectl={kube_version}: not in the mirror's repository" in capsys.readouterr().err
     finally:
         mirror.stop()
         upstream.registry.stop()

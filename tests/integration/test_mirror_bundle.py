@@ -107,6 +107,11 @@ def test_import_then_verify_then_no_op_reimport(capsys, upstream, bundle, mirror
     assert code == 0 and "holds all 3" in out, out
     code, out = _import(capsys, bundle, mirror)
     assert code == 0 and "(3 already there); 0 blobs uploaded" in out, out
+    # The mirror's password is never printed nor written in clear by gpuboot (htpasswd holds a bcrypt hash).
+    password = json.loads(mirror["creds"].read_text())["password"]
+    assert password not in out
+    written = [p for p in mirror["registry"].spec.root.rglob("*") if p.is_file() and "data" not in p.parts]
+    assert written and all(password.encode() not in p.read_bytes() for p in written)
 
 
 def test_corrupted_blob_fails_naming_the_artifact_and_tags_nothing(capsys, bundle, mirror, tmp_path):

@@ -125,7 +125,7 @@ def _mirror_preflight(app: App, cluster, phases, skip: bool) -> None:
         app.err.print("[yellow]warning: the air-gap mirror was not checked (--skip-mirror-check)[/]")
         return
     count = check_mirror(cluster, phases)
-    app.err.print(f"mirror {cluster.settings.mirror.registry} holds all {count} images and charts this cluster needs")
+    app.err.print(f"mirror {cluster.settings.mirror.registry} holds all {count} artifacts these phases need")
 
 
 def _run(app: App, cluster, phases, output: str, *, check: bool, diff: bool, force: bool,

@@ -166,15 +166,19 @@ def mirror_verify(ctx: MirrorContext, inventory, release, registry, ca_file, cre
     """Check that the registry holds every artifact of the plan; name what is missing."""
     from gpuboot.mirror.verify import require_complete
     plan, cluster = ctx.plan(inventory, release)
+    packages_url = None
     if cluster is not None:
         mirror_settings = cluster.settings.mirror
         registry = registry or mirror_settings.registry
         ca_file = ca_file or mirror_settings.ca_file
         credentials_file = credentials_file or mirror_settings.credentials_file
+        packages_url = mirror_settings.packages_url
     if not registry:
         raise UsageError("no registry: pass --registry or set gpuboot.mirror.registry in the inventory")
-    require_complete(plan, _registry(registry, ca_file, credentials_file, plain_http))
-    click.echo(f"mirror {registry} holds all {len(plan.images) + len(plan.charts)} images and charts "
+    require_complete(plan, _registry(registry, ca_file, credentials_file, plain_http),
+                     packages_url if plan.packages else None, ca_file)
+    packages = f" and {len(plan.packages)} packages" if packages_url and plan.packages else ""
+    click.echo(f"mirror {registry} holds all {len(plan.images) + len(plan.charts)} images and charts{packages} "
                f"of release {plan.release}")
 
 

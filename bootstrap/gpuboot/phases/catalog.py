@@ -24,8 +24,10 @@ class Phase:
     playbook: str
     hosts: str
     tags: tuple[str, ...] = ()
-    # Nodes pull images for this phase: in an air gap the mirror must hold them first.
+    # Nodes pull images / install packages for this phase: in an air gap the mirror must
+    # hold them first.
     pulls_images: bool = False
+    installs_packages: bool = False
 
     @property
     def path(self) -> Path:
@@ -43,7 +45,8 @@ UP: tuple[Phase, ...] = (
     Phase("preflight", "Preflight checks", "preflight.yml", CLUSTER, ("preflight",)),
     Phase("os_prep", "OS preparation", "os_prep.yml", CLUSTER, ("os_prep",)),
     Phase("container_runtime", "Container runtime (containerd)", "container_runtime.yml", CLUSTER, ("containerd",)),
-    Phase("kube_packages", "Pinned kubeadm, kubelet, kubectl", "kube_packages.yml", CLUSTER, ("kube_packages",)),
+    Phase("kube_packages", "Pinned kubeadm, kubelet, kubectl", "kube_packages.yml", CLUSTER, ("kube_packages",),
+          installs_packages=True),
     Phase("ha_endpoint", "HA API endpoint (VIP)", "ha_endpoint.yml", "control_plane", ("ha_endpoint",)),
     Phase("control_plane_init", "First control plane (kubeadm init)", "control_plane_init.yml", "control_plane[0]", ("kubeadm",), pulls_images=True),
     Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml", "control_plane[1:]", ("kubeadm",), pulls_images=True),
