@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,21 @@ def lab(tmp_path_factory):
     state = lab.up(LabSpec(name=LAB_NAME, subnet=LAB_SUBNET), inventory)
     yield {"lab": lab, "state": state, "inventory": inventory, "root": root}
     lab.down(LAB_NAME)
+
+
+@contextmanager
+def containerd_node(tmp_path: Path, name: str, subnet: str):
+    """A one-node lab of the containerd flavour (privileged, own /var/lib/containerd),
+    removed again at the end; yields the same shape as the `lab` fixture."""
+    node_lab = Lab(tmp_path / "_lab", log=lambda msg: None)
+    node_lab.down(name)
+    inventory = tmp_path / "lab" / "inventory.yml"
+    state = node_lab.up(LabSpec(name=name, control_planes=1, workers=0, gpu_workers=0, subnet=subnet,
+                                flavour="containerd"), inventory)
+    try:
+        yield {"lab": node_lab, "state": state, "inventory": inventory}
+    finally:
+        node_lab.down(name)
 
 
 def ssh(lab_info, host: str, command: str) -> subprocess.CompletedProcess[str]:

@@ -6,18 +6,16 @@ repository and pulls and runs the real kube-apiserver image by its upstream name
 from __future__ import annotations
 
 import json
-import subprocess
 from ipaddress import ip_network
 
 import pytest
 
 from gpuboot import matrix
 from gpuboot.cli.main import run
-from gpuboot.lab.cluster import Lab, LabSpec
 from gpuboot.mirror.packages import export_public_key
 from gpuboot.mirror.serve import ServeSpec, start
-from tests.integration.conftest import edit_inventory, ssh
-from tests.support.mirror_fixture import free_port
+from tests.integration.conftest import containerd_node, edit_inventory, ssh
+from tests.support.mirror_fixture import free_port, signing_key
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -28,15 +26,8 @@ RELEASE = "k8s-1.34"  # the lab inventory's
 @pytest.fixture
 def node_lab(lab, tmp_path):
     # `lab` first: the shared fixture decides skip-or-fail on machines without the lab.
-    kube_lab = Lab(tmp_path / "_lab", log=lambda m: None)
-    kube_lab.down("kubemirror")
-    inventory = tmp_path / "lab" / "inventory.yml"
-    state = kube_lab.up(LabSpec(name="kubemirror", control_planes=1, workers=0, gpu_workers=0, subnet=SUBNET,
-                                flavour="containerd"), inventory)
-    try:
-        yield {"lab": kube_lab, "state": state, "inventory": inventory}
-    finally:
-        kube_lab.down("kubemirror")
+    with containerd_node(tmp_path, "kubemirror", SUBNET) as info:
+        yield info
 
 
 def test_built_kubernetes_is_installed_and_pulled_from_the_mirror(node_lab, tmp_path, capsys, monkeypatch):
@@ -57,14 +48,12 @@ def test_built_kubernetes_is_installed_and_pulled_from_the_mirror(node_lab, tmp_
                              packages_dir=packages_dir, packages_listen=f"{gateway}:{free_port(gateway)}"))
     try:
         gnupg = tmp_path / "gnupg"
-        gnupg.mkdir(mode=0o700)
-        subprocess.run(["gpg", "--homedir", str(gnupg), "--batch", "--passphrase", "", "--quick-gen-key",
-                        "gpuboot lab <lab@gpuboot.invalid>", "ed25519", "sign", "1d"], check=True, capture_output=True)
+        key_id = signing_key(gnupg)
         assert run(["mirror", "import", str(bundle), "--registry", mirror.spec.listen, "--ca-file",
                     str(mirror.ca_file), "--credentials-file", str(creds), "--packages-dir", str(packages_dir),
-                    "--gpg-home", str(gnupg), "--gpg-key", "lab@gpuboot.invalid"]) == 0
+                    "--gpg-home", str(gnupg), "--gpg-key", key_id]) == 0
         key = tmp_path / "secrets" / "packages.asc"
-        export_public_key(str(gnupg), "lab@gpuboot.invalid", key)
+        export_public_key(str(gnupg), key_id, key)
 
         def air_gapped(data):
             data["all"]["vars"]["gpuboot"]["mirror"] = {

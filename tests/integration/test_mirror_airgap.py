@@ -16,12 +16,11 @@ import pytest
 
 from gpuboot import matrix
 from gpuboot.cli.main import run
-from gpuboot.lab.cluster import Lab, LabSpec
 from gpuboot.mirror import pki
 from gpuboot.mirror.packages import export_public_key, write_index
 from gpuboot.mirror.serve import ServeSpec, start
-from tests.integration.conftest import edit_inventory, ssh
-from tests.support.mirror_fixture import free_port, start_upstream
+from tests.integration.conftest import containerd_node, edit_inventory, ssh
+from tests.support.mirror_fixture import free_port, signing_key, start_upstream
 
 pytestmark = pytest.mark.lab
 
@@ -35,15 +34,8 @@ STANDIN = Path(__file__).resolve().parents[2] / "tests" / "doubles" / "kube_pack
 @pytest.fixture
 def airgap_lab(lab, tmp_path):
     # `lab` first: the shared fixture decides skip-or-fail on machines without the lab.
-    node_lab = Lab(tmp_path / "_lab", log=lambda m: None)
-    node_lab.down("airgap")
-    inventory = tmp_path / "lab" / "inventory.yml"
-    state = node_lab.up(LabSpec(name="airgap", control_planes=1, workers=0, gpu_workers=0, subnet=SUBNET,
-                                flavour="containerd"), inventory)
-    try:
-        yield {"lab": node_lab, "state": state, "inventory": inventory}
-    finally:
-        node_lab.down("airgap")
+    with containerd_node(tmp_path, "airgap", SUBNET) as info:
+        yield info
 
 
 def _package_sources(directory: Path, release: str) -> Path:
@@ -60,14 +52,6 @@ def _package_sources(directory: Path, release: str) -> Path:
                    cwd=os_dir, check=True, capture_output=True)
     (os_dir / "Packages").unlink()  # the double's own index; the mirror writes its own
     return directory
-
-
-def _signing_key(home: Path) -> str:
-    home.mkdir(mode=0o700)
-    subprocess.run(["gpg", "--homedir", str(home), "--batch", "--passphrase", "", "--quick-gen-key",
-                    "gpuboot lab mirror <mirror@gpuboot.invalid>", "ed25519", "sign", "1d"],
-                   check=True, capture_output=True)
-    return "mirror@gpuboot.invalid"
 
 
 def test_nodes_pull_original_names_through_the_mirror_only(airgap_lab, tmp_path, capsys, monkeypatch):
@@ -94,7 +78,7 @@ def test_nodes_pull_original_names_through_the_mirror_only(airgap_lab, tmp_path,
         upstream.registry.stop()  # from here on the connected side is gone
 
         # Air-gapped side: images into the registry, packages into a signed apt repository.
-        key_id = _signing_key(tmp_path / "gnupg")
+        key_id = signing_key(tmp_path / "gnupg")
         packages_dir.mkdir()
         assert run(["mirror", "import", str(bundle), "--registry", mirror.spec.listen,
                     "--ca-file", str(mirror.ca_file), "--credentials-file", str(creds),

@@ -3,7 +3,6 @@ then grep everything gpuboot wrote or printed: none of them may appear."""
 from __future__ import annotations
 
 import base64
-import os
 import secrets
 from pathlib import Path
 

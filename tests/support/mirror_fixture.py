@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,14 @@ class Upstream:
     def sources(self) -> list[str]:
         hosts = sorted({ref.split("/", 1)[0] for ref in self.images})
         return [f"--source={host}={self.registry.spec.url}/{host}" for host in hosts]
+
+
+def signing_key(home: Path, email: str = "mirror@gpuboot.invalid") -> str:
+    """A passphrase-less GnuPG signing key in its own home, as the mirror's operator keeps one."""
+    home.mkdir(mode=0o700)
+    subprocess.run(["gpg", "--homedir", str(home), "--batch", "--passphrase", "", "--quick-gen-key",
+                    f"gpuboot lab mirror <{email}>", "ed25519", "sign", "1d"], check=True, capture_output=True)
+    return email
 
 
 def start_upstream(root: Path, images: dict[str, str] = LAB_IMAGES, padding: int = 0,

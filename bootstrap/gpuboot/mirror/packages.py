@@ -108,7 +108,7 @@ def write_index(os_dir: Path, gpg_home: str | None = None, gpg_key: str | None =
     packages = ("\n\n".join(stanzas) + "\n").encode()
     (os_dir / "Packages").write_bytes(packages)
     (os_dir / "Packages.gz").write_bytes(gzip.compress(packages, mtime=0))
-    lines = [f"Origin: gpuboot", f"Label: gpuboot mirror {os_dir.name}", f"Date: {formatdate(usegmt=True)}",
+    lines = ["Origin: gpuboot", f"Label: gpuboot mirror {os_dir.name}", f"Date: {formatdate(usegmt=True)}",
              "SHA256:"]
     for name in ("Packages", "Packages.gz"):
         data = (os_dir / name).read_bytes()
