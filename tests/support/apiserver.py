@@ -12,13 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.mirror_fixture import free_port
+
 ETCD = "etcd"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_port(port: int, process: subprocess.Popen, log: Path, timeout: float) -> None:
@@ -66,8 +62,8 @@ class ApiServer:
         raise AssertionError(f"kubectl get {' '.join(args)} never showed {jsonpath}")
 
     def start(self) -> "ApiServer":
-        etcd_port, peer_port = _free_port(), _free_port()
-        self.port = _free_port()
+        etcd_port, peer_port = free_port(), free_port()
+        self.port = free_port()
         pki = self._certificates()
         etcd_log = self.root / "etcd.log"
         with open(etcd_log, "wb") as out:
@@ -107,7 +103,7 @@ class ApiServer:
                 "--controllers=resourcequota-controller,serviceaccount-controller,clusterrole-aggregation-controller,"
                 "namespace-controller,garbage-collector-controller",
                 f"--service-account-private-key-file={pki}/sa.key", f"--root-ca-file={pki}/ca.crt",
-                "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={_free_port()}",
+                "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
             ], stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # ready means RBAC's bootstrap roles exist

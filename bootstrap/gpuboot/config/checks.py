@@ -137,7 +137,8 @@ def addresses(settings: GpubootSettings, nodes: list[Node], where: Where) -> lis
     return problems
 
 
-def _resolve(path: str, inventory_dir: Path) -> Path:
+def resolve_path(path: str, inventory_dir: Path) -> Path:
+    """A path from the inventory: ~ expanded, relative ones from the inventory's folder."""
     p = Path(os.path.expanduser(path))
     return p if p.is_absolute() else inventory_dir / p
 
@@ -160,7 +161,7 @@ def references(settings: GpubootSettings, nodes: list[Node], where: Where, inv: 
     if settings.gitops:
         refs.append((("gitops", "credentials_file"), settings.gitops.credentials_file))
     for path, value in refs:
-        if value and not _resolve(value, inv.path.parent).is_file():
+        if value and not resolve_path(value, inv.path.parent).is_file():
             problems.append(Problem(where.file, where.child(*path).line, "gpuboot." + ".".join(path),
                                     f"file {value} does not exist",
                                     "create it, or fix the path (relative paths start at the inventory's folder)"))

@@ -86,27 +86,20 @@ def _tar(entries: list[tuple[str, bytes, int]]) -> bytes:
     return buffer.getvalue()
 
 
-def _store(bundle: Bundle, data: bytes) -> dict:
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    if not bundle.has_blob(digest, len(data)):
-        bundle.write_blob(digest, [data], len(data))
-    return {"digest": digest, "size": len(data)}
-
-
 def image_artifact(bundle: Bundle, ref: str, path_in_image: str, binary: bytes,
                    entrypoint: list[str] | None) -> Artifact:
     """A single-layer amd64 image: the binary at its path, PATH set, nothing else."""
     layer_tar = _tar([(path_in_image, binary, 0o755)])
-    layer = _store(bundle, gzip.compress(layer_tar, compresslevel=1, mtime=0))
+    layer = bundle.store(gzip.compress(layer_tar, compresslevel=1, mtime=0))
     config_doc = {"architecture": "amd64", "os": "linux",
                   "config": {"Env": [PATH_ENV], **({"Entrypoint": entrypoint} if entrypoint else {})},
                   "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer_tar).hexdigest()]}}
-    config = _store(bundle, json.dumps(config_doc, sort_keys=True).encode())
+    config = bundle.store(json.dumps(config_doc, sort_keys=True).encode())
     manifest_body = json.dumps({
         "schemaVersion": 2, "mediaType": OCI_MANIFEST,
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **layer}]}, sort_keys=True).encode()
-    manifest = _store(bundle, manifest_body)
+    manifest = bundle.store(manifest_body)
     parsed = parse_image(ref)
     return Artifact("image", ref, parsed.mirror_repository, parsed.tag, manifest["digest"], OCI_MANIFEST,
                     [{**manifest, "media_type": OCI_MANIFEST}], [config, layer])
@@ -133,7 +126,7 @@ def build_deb(work: Path, name: str, version: str, files: dict[str, tuple[bytes,
 
 
 def package_artifact(bundle: Bundle, os_id: str, name: str, version: str, deb: Path) -> Artifact:
-    blob = _store(bundle, deb.read_bytes())
+    blob = bundle.store(deb.read_bytes())
     return Artifact("package", f"{os_id}: {name}={version}", f"packages/{os_id}", deb.name, blob["digest"],
                     DEB, [], [blob])
 

@@ -86,6 +86,14 @@ class Bundle:
         os.replace(partial, final)
         return size
 
+    def store(self, data: bytes) -> dict:
+        """Keep bytes made in memory (a manifest, a config, a chart, a package); return the
+        {digest, size} descriptor. Idempotent: an existing blob is not written again."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if not self.has_blob(digest, len(data)):
+            self.write_blob(digest, [data], len(data))
+        return {"digest": digest, "size": len(data)}
+
     def read_blob(self, digest: str) -> bytes:
         data = self.blob_path(digest).read_bytes()
         if "sha256:" + hashlib.sha256(data).hexdigest() != digest:

@@ -13,12 +13,17 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+def write_private(path: Path, data: bytes | str) -> None:
+    """Write a file only its owner reads (created 0600, never world-readable for a moment)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as out:
-        out.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()))
+        out.write(data.encode() if isinstance(data, str) else data)
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    write_private(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
 
 
 def _name(common_name: str) -> x509.Name:

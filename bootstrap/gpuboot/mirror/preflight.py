@@ -2,10 +2,10 @@
 runs, the mirror must hold every artifact the plan for this inventory needs."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from gpuboot import matrix
+from gpuboot.config.checks import resolve_path
 from gpuboot.config.model import Cluster
 from gpuboot.mirror.plan import Target, build
 from gpuboot.mirror.registry import Registry, read_credentials
@@ -13,10 +13,7 @@ from gpuboot.mirror.verify import require_complete
 
 
 def _path(value: str | None, cluster: Cluster) -> str | None:
-    if not value:
-        return None
-    path = Path(os.path.expanduser(value))
-    return str(path if path.is_absolute() else Path(cluster.inventory).parent / path)
+    return str(resolve_path(value, Path(cluster.inventory).parent)) if value else None
 
 
 def needed(cluster: Cluster, phases) -> bool:

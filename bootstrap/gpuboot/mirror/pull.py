@@ -135,9 +135,7 @@ class Puller:
                 future.result()
 
     def _store_manifest(self, manifest: Manifest) -> dict:
-        if not self.bundle.has_blob(manifest.digest, len(manifest.body)):
-            self.bundle.write_blob(manifest.digest, [manifest.body], len(manifest.body))
-        return {"digest": manifest.digest, "media_type": manifest.media_type, "size": len(manifest.body)}
+        return {**self.bundle.store(manifest.body), "media_type": manifest.media_type}
 
     # -- images ------------------------------------------------------------------
     def _image(self, ref: ImageRef) -> Artifact:
@@ -160,13 +158,10 @@ class Puller:
 
     # -- packages ----------------------------------------------------------------
     def _package(self, package: packages.PackageFile) -> Artifact:
-        data = package.path.read_bytes()
-        digest = sha256_digest(data)
-        if not self.bundle.has_blob(digest, len(data)):
-            self.bundle.write_blob(digest, [data], len(data))
-        self.progress(f"package {package.ref} ({len(data) / 1e6:.1f} MB)")
-        return Artifact("package", package.ref, f"packages/{package.os}", package.path.name, digest,
-                        packages.DEB, [], [{"digest": digest, "size": len(data)}])
+        blob = self.bundle.store(package.path.read_bytes())
+        self.progress(f"package {package.ref} ({blob['size'] / 1e6:.1f} MB)")
+        return Artifact("package", package.ref, f"packages/{package.os}", package.path.name, blob["digest"],
+                        packages.DEB, [], [blob])
 
     # -- charts ------------------------------------------------------------------
     def _chart(self, chart: PlannedChart) -> Artifact:
@@ -179,19 +174,15 @@ class Puller:
             return artifact
         archive = self._helm_repo_archive(chart)
         meta = _chart_metadata(archive, chart)
-        config = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
-        layer = {"mediaType": HELM_CONTENT, "digest": sha256_digest(archive), "size": len(archive)}
-        cfg = {"mediaType": HELM_CONFIG, "digest": sha256_digest(config), "size": len(config)}
-        body = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": cfg, "layers": [layer]},
+        config = self.bundle.store(json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
+        layer = self.bundle.store(archive)
+        body = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                           "config": {"mediaType": HELM_CONFIG, **config},
+                           "layers": [{"mediaType": HELM_CONTENT, **layer}]},
                           sort_keys=True, separators=(",", ":")).encode()
         manifest = Manifest(body, OCI_MANIFEST, sha256_digest(body))
-        for data in (archive, config):
-            digest = sha256_digest(data)
-            if not self.bundle.has_blob(digest, len(data)):
-                self.bundle.write_blob(digest, [data], len(data))
         return Artifact("chart", str(chart), chart.mirror_repository, tag, manifest.digest, OCI_MANIFEST,
-                        [self._store_manifest(manifest)],
-                        [{"digest": cfg["digest"], "size": cfg["size"]}, {"digest": layer["digest"], "size": layer["size"]}])
+                        [self._store_manifest(manifest)], [config, layer])
 
     def _helm_repo_archive(self, chart: PlannedChart) -> bytes:
         base = self.sources.url(chart.repository).rstrip("/")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import json
-import os
 import secrets
 import shutil
 import signal
@@ -24,6 +22,7 @@ import yaml
 from gpuboot import content
 from gpuboot.errors import MirrorError
 from gpuboot.mirror import pki
+from gpuboot.mirror.registry import read_credentials
 
 BINARY = "docker-registry"
 
@@ -48,24 +47,28 @@ class ServeSpec:
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://{self.listen}"
 
+    @property
+    def tls_files(self) -> tuple[Path, Path]:
+        """The certificate and key served: the operator's, or the one gpuboot's CA issues."""
+        if self.tls_cert and self.tls_key:
+            return self.tls_cert, self.tls_key
+        return self.root / "pki" / "server.crt", self.root / "pki" / "server.key"
+
 
 def write_config(spec: ServeSpec) -> Path:
     """Render the registry_mirror role's own template, so `mirror serve` and the role run
     the registry with one configuration."""
     spec.root.mkdir(parents=True, exist_ok=True)
-    cert = key = None
-    if spec.tls:
-        if spec.tls_cert and spec.tls_key:
-            cert, key = spec.tls_cert, spec.tls_key
-        else:
-            ca_cert, ca_key = pki.ensure_ca(spec.root / "pki")
-            cert, key = pki.issue_server_cert(ca_cert, ca_key, [spec.host, *spec.names], spec.root / "pki")
+    if spec.tls and not spec.tls_cert:
+        ca_cert, ca_key = pki.ensure_ca(spec.root / "pki")
+        pki.issue_server_cert(ca_cert, ca_key, [spec.host, *spec.names], spec.root / "pki")
+    cert, key = spec.tls_files
     htpasswd = ""
     if spec.credentials_file:
-        data = json.loads(spec.credentials_file.read_text())
-        hashed = bcrypt.hashpw(str(data["password"]).encode(), bcrypt.gensalt(rounds=10)).decode()
+        user, password = read_credentials(str(spec.credentials_file))  # type: ignore[misc]
+        hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=10)).decode()
         htpasswd = str(spec.root / "htpasswd")
-        _write_private(Path(htpasswd), f"{data['username']}:{hashed}\n")
+        pki.write_private(Path(htpasswd), f"{user}:{hashed}\n")
     templates = content.content_dir() / "roles" / "registry_mirror" / "templates"
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True)
@@ -76,20 +79,14 @@ def write_config(spec: ServeSpec) -> Path:
         registry_mirror_htpasswd_dest=htpasswd)
     yaml.safe_load(text)  # a template change that breaks YAML fails here, not in the registry
     path = spec.root / "config.yml"
-    _write_private(path, text)
+    pki.write_private(path, text)
     return path
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
 
 
 def _http_secret(root: Path) -> str:
     path = root / "http-secret"
     if not path.is_file():
-        _write_private(path, secrets.token_hex(32))
+        pki.write_private(path, secrets.token_hex(32))
     return path.read_text().strip()
 
 
@@ -114,8 +111,7 @@ def serve_packages(spec: ServeSpec) -> http.server.ThreadingHTTPServer:
     server = http.server.ThreadingHTTPServer((host, int(port)), handler)
     server.access_log = spec.root / "packages-access.log"  # type: ignore[attr-defined]
     if spec.tls:
-        cert, key = (spec.tls_cert, spec.tls_key) if spec.tls_cert else \
-            (spec.root / "pki" / "server.crt", spec.root / "pki" / "server.key")
+        cert, key = spec.tls_files
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(str(cert), str(key))
         server.socket = context.wrap_socket(server.socket, server_side=True)

@@ -14,6 +14,7 @@ options:
   username: {description: The user., required: true, type: str}
   password: {description: Its password., required: true, type: str}
   mode: {description: File mode., type: str, default: "0600"}
+  group: {description: Group owning the file (the service that reads it)., type: str}
 requirements: [python3-bcrypt on the target]
 """
 
@@ -44,6 +45,7 @@ def main() -> None:
         "username": {"type": "str", "required": True},
         "password": {"type": "str", "required": True, "no_log": True},
         "mode": {"type": "str", "default": "0600"},
+        "group": {"type": "str"},
     }, supports_check_mode=True)
     if bcrypt is None:
         module.fail_json(msg="python3-bcrypt is missing on the target; install it (apt-get install python3-bcrypt)")
@@ -62,7 +64,8 @@ def main() -> None:
         with os.fdopen(fd, "wb") as out:
             out.write(username.encode() + b":" + hashed + b"\n")
         os.replace(tmp, path)
-    file_args = module.load_file_common_arguments({"path": path, "mode": module.params["mode"]})
+    file_args = module.load_file_common_arguments({"path": path, "mode": module.params["mode"],
+                                                   "group": module.params["group"]})
     if not module.check_mode and os.path.exists(path):
         changed = module.set_fs_attributes_if_different(file_args, changed)
     module.exit_json(changed=changed, path=path, username=username)
