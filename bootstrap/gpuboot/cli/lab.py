@@ -26,8 +26,8 @@ def lab() -> None:
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(0, 200))
 @click.option("--gpu-workers", default=1, show_default=True, type=click.IntRange(0, 200))
 @click.option("--subnet", default="10.213.0.0/24", show_default=True)
-@click.option("--flavour", type=click.Choice(["plain", "containerd"]), default="plain", show_default=True,
-              help="containerd: privileged nodes with their own /var/lib/containerd.")
+@click.option("--flavour", type=click.Choice(["plain", "containerd", "kubernetes"]), default="plain", show_default=True,
+              help="containerd: privileged nodes with their own /var/lib/containerd; kubernetes: kind-like nodes for kubelet.")
 @click.option("--release", default="k8s-1.34", show_default=True)
 @click.option("--inventory", "inventory", default="inventories/lab/inventory.yml", show_default=True,
               type=click.Path(dir_okay=False))

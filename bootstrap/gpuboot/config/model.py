@@ -9,7 +9,7 @@ import re
 from ipaddress import IPv4Address, IPv4Network
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 # Kubernetes extended resource name, e.g. nvidia.com/rdma_shared_a or rdma/cx7.
@@ -29,17 +29,42 @@ class Strict(BaseModel):
 
 class ControlPlaneEndpoint(Strict):
     vip: IPv4Address
-    port: int = Field(6443, ge=1, le=65535)
     mode: Literal["keepalived_haproxy", "kube_vip", "external"] = "keepalived_haproxy"
+    # The port each API server listens on (kubeadm's bindPort).
+    apiserver_port: int = Field(6443, ge=1, le=65535)
+    # The port clients use on the VIP. With keepalived_haproxy, haproxy runs on the control
+    # planes beside the API servers, so it needs a port of its own (kubeadm's HA guide: 8443).
+    port: int | None = Field(None, ge=1, le=65535)
     dns_name: str | None = None
     interface: str | None = None
     virtual_router_id: int = Field(51, ge=1, le=255)
+
+    @field_validator("port")
+    @classmethod
+    def _port_of_its_own(cls, port: int | None, info: ValidationInfo) -> int | None:
+        if port is not None and info.data.get("mode") == "keepalived_haproxy" and port == info.data.get("apiserver_port"):
+            raise ValueError(
+                f"port {port} is also the API servers' port, and haproxy runs beside them on the control "
+                f"planes; set control_plane.port to 8443 (clients use VIP:8443) or control_plane.apiserver_port "
+                f"to another port")
+        return port
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_port(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("port") is None:
+            keepalived = data.get("mode", "keepalived_haproxy") == "keepalived_haproxy"
+            data = {**data, "port": 8443 if keepalived else data.get("apiserver_port", 6443)}
+        return data
 
 
 class Networking(Strict):
     pod_cidr: IPv4Network = IPv4Network("10.244.0.0/16")
     service_cidr: IPv4Network = IPv4Network("10.96.0.0/12")
     dns_domain: str = "cluster.local"
+    # calico: production (tigera-operator). bridge: the CNI reference plugins with a route per
+    # node, for clusters on one L2 segment without network policy (the lab).
+    cni: Literal["calico", "bridge"] = "calico"
 
     @field_validator("pod_cidr", "service_cidr", mode="before")
     @classmethod

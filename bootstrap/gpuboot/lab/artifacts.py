@@ -3,7 +3,8 @@ it, written as a gpuboot bundle (the same format `mirror pull` writes, entering 
 mirror through `mirror import` like any other bundle):
 
 - OCI images named exactly as `kubeadm config images list` prints them, each the static
-  binary on an empty root (built here, nothing pulled);
+  binary on an empty root (built here, nothing pulled), kube-proxy's over iptables from
+  Debian packages;
 - .deb packages kubeadm, kubelet (with its systemd unit and kubeadm drop-in), kubectl and
   kubernetes-cni at the matrix's package versions for debian-12.
 
@@ -25,6 +26,7 @@ from typing import Callable
 
 from gpuboot import matrix
 from gpuboot.errors import LabError
+from gpuboot.lab.debroot import rootfs_tar
 from gpuboot.lab.kubernetes import KubernetesBuild, matrix_versions
 from gpuboot.mirror.bundle import Artifact, Bundle
 from gpuboot.mirror.packages import DEB
@@ -87,22 +89,33 @@ def _tar(entries: list[tuple[str, bytes, int]]) -> bytes:
 
 
 def image_artifact(bundle: Bundle, ref: str, path_in_image: str, binary: bytes,
-                   entrypoint: list[str] | None) -> Artifact:
-    """A single-layer amd64 image: the binary at its path, PATH set, nothing else."""
-    layer_tar = _tar([(path_in_image, binary, 0o755)])
-    layer = bundle.store(gzip.compress(layer_tar, compresslevel=1, mtime=0))
+                   entrypoint: list[str] | None, base: bytes | None = None) -> Artifact:
+    """An amd64 image: the binary at its path with PATH set, over an optional base layer
+    (a tar: kube-proxy's iptables from Debian packages)."""
+    layer_tars = ([base] if base else []) + [_tar([(path_in_image, binary, 0o755)])]
+    layers = [bundle.store(gzip.compress(t, compresslevel=1, mtime=0)) for t in layer_tars]
     config_doc = {"architecture": "amd64", "os": "linux",
                   "config": {"Env": [PATH_ENV], **({"Entrypoint": entrypoint} if entrypoint else {})},
-                  "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer_tar).hexdigest()]}}
+                  "rootfs": {"type": "layers",
+                             "diff_ids": ["sha256:" + hashlib.sha256(t).hexdigest() for t in layer_tars]}}
     config = bundle.store(json.dumps(config_doc, sort_keys=True).encode())
     manifest_body = json.dumps({
         "schemaVersion": 2, "mediaType": OCI_MANIFEST,
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **layer}]}, sort_keys=True).encode()
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **layer} for layer in layers]},
+        sort_keys=True).encode()
     manifest = bundle.store(manifest_body)
     parsed = parse_image(ref)
     return Artifact("image", ref, parsed.mirror_repository, parsed.tag, manifest["digest"], OCI_MANIFEST,
-                    [{**manifest, "media_type": OCI_MANIFEST}], [config, layer])
+                    [{**manifest, "media_type": OCI_MANIFEST}], [config, *layers])
+
+
+# kube-proxy programs the node's iptables (nft backend, as Debian's own iptables does);
+# the links are what update-alternatives makes on install.
+KUBE_PROXY_PACKAGES = ["iptables"]
+KUBE_PROXY_LINKS = {f"/usr/sbin/{tool}": "xtables-nft-multi"
+                    for tool in ("iptables", "iptables-save", "iptables-restore",
+                                 "ip6tables", "ip6tables-save", "ip6tables-restore")}
 
 
 def build_deb(work: Path, name: str, version: str, files: dict[str, tuple[bytes, int]], depends: str,
@@ -158,7 +171,9 @@ def write(version: str | None, out: Path, log: Callable[[str], None] = print) ->
         else:
             binary = bin_dir / short
         log(f"image {ref}")
-        artifacts.append(image_artifact(bundle, ref, path_in_image, binary.read_bytes(), entrypoint))
+        base = (rootfs_tar(KUBE_PROXY_PACKAGES, builder.cache_dir / "debroot", KUBE_PROXY_LINKS)
+                if short == "kube-proxy" else None)
+        artifacts.append(image_artifact(bundle, ref, path_in_image, binary.read_bytes(), entrypoint, base))
     os_id = "debian-12"
     kube = release.os[os_id].kube_packages
     cni_version = str(kube.model_extra["kubernetes_cni"])

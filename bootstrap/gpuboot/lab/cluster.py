@@ -30,7 +30,9 @@ class LabSpec:
     workers: int = 2
     gpu_workers: int = 1
     subnet: str = "10.213.0.0/24"
-    flavour: str = "plain"  # plain | containerd (privileged, own /var/lib/containerd)
+    # plain: unprivileged systemd nodes | containerd: privileged, own /var/lib/containerd |
+    # kubernetes: kind's node settings, for kubelet and real kubeadm (privileged, own /var)
+    flavour: str = "plain"
     release: str = "k8s-1.34"
 
     def nodes(self) -> list[tuple[str, str]]:
@@ -184,11 +186,20 @@ class Lab:
                 "--systemd=always", "--sysctl", "net.ipv4.ip_nonlocal_bind=1", "--sysctl", "net.ipv4.ip_forward=1",
                 "-v", f"{self.dir / 'authorized_keys'}:/root/.ssh/authorized_keys:ro",
                 "-v", f"{self.dir / 'authorized_keys'}:/home/gpuboot/.ssh/authorized_keys:ro"]
-        if spec.flavour == "containerd":
-            volume = f"{container}-containerd"
+        if spec.flavour in ("containerd", "kubernetes"):
+            # containerd's overlayfs snapshots cannot live on the node's own overlay root.
+            volume = f"{container}-var"
             self.podman.run("volume", "create", "--label", f"{LABEL}={spec.name}", volume)
             state.volumes.append(volume)
-            args += ["--privileged", "-v", f"{volume}:/var/lib/containerd", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+            mount = "/var/lib/containerd" if spec.flavour == "containerd" else "/var"
+            args += ["--privileged", "-v", f"{volume}:{mount}", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+            if spec.flavour == "kubernetes":
+                # kind's lessons: kubelet reads kernel modules' metadata, and manages its own
+                # cgroup tree below the node's, not the host's.
+                args += ["--cgroupns", "private",
+                         "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined"]
+                if Path("/lib/modules").is_dir():  # absent where the kernel has everything built in
+                    args += ["-v", "/lib/modules:/lib/modules:ro"]
         else:
             args += ["--cap-add", "SYS_ADMIN,NET_ADMIN,NET_RAW"]
         state.containers.append(container)
@@ -281,7 +292,7 @@ def write_inventory(spec: LabSpec, state: LabState, path: Path, key: Path, known
             "gpuboot": {
                 "cluster_name": spec.name,
                 "release": spec.release,
-                "control_plane": {"vip": vip, "port": 6443, "mode": "keepalived_haproxy", "interface": "eth0"},
+                "control_plane": {"vip": vip, "port": 8443, "mode": "keepalived_haproxy", "interface": "eth0"},
                 "networking": {"pod_cidr": "10.244.0.0/16", "service_cidr": "10.96.0.0/12"},
                 "ssh": {"user": "root", "private_key_file": str(key)},
                 "mirror": {"air_gapped": False},
@@ -297,7 +308,40 @@ def write_inventory(spec: LabSpec, state: LabState, path: Path, key: Path, known
                             for name, vars_ in groups["gpu_workers"].items()} or None}}},
         },
     }}
+    if spec.flavour == "kubernetes":
+        inventory["all"]["vars"].update(kubernetes_node_settings())
+        inventory["all"]["vars"]["gpuboot"]["networking"]["cni"] = "bridge"
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# Written by `gpuboot lab up` for lab '{spec.name}' ({spec.flavour} nodes). Removed by `gpuboot lab down`.\n"
               f"# The 'GPU' workers have no GPU: GPU facts are tested through doubles under tests/.\n")
     path.write_text(header + yaml.safe_dump(inventory, sort_keys=False, default_flow_style=False))
+
+
+def host_has_cgroup_v1() -> bool:
+    return not Path("/sys/fs/cgroup/cgroup.controllers").exists()
+
+
+def kubernetes_node_settings() -> dict:
+    """Lab-only role inputs for kubelet and kubeadm in containers (kind's lessons), each for
+    a reason a bare-metal node does not have. Never defaults of the product."""
+    kubelet: dict = {
+        # The node's disk is the host's: kubelet must neither evict for it nor delete images.
+        "imageGCHighThresholdPercent": 100,
+        "evictionHard": {"nodefs.available": "0%", "nodefs.inodesFree": "0%", "imagefs.available": "0%"},
+        # The host's swap shows through the container.
+        "failSwapOn": False,
+    }
+    ignore: list[str] = []
+    if host_has_cgroup_v1():
+        # kubelet 1.35+ refuses cgroup v1 unless told; kubeadm's SystemVerification says the same.
+        kubelet["failCgroupV1"] = False
+        ignore.append("SystemVerification")
+    return {
+        # A container may not lower oom_score_adj below its own.
+        "container_runtime_restrict_oom_score_adj": True,
+        "kubeadm_init_kubelet_extra_config": kubelet,
+        # conntrack's table size is the host's, not a container's to set.
+        "kubeadm_init_kube_proxy_extra_config": {"conntrack": {"maxPerCore": 0}},
+        "kubeadm_init_ignore_preflight_errors": ignore,
+        "kubeadm_join_ignore_preflight_errors": ignore,
+    }

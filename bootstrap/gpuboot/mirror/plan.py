@@ -63,6 +63,11 @@ class Plan:
         return ([str(i.ref) for i in self.images if not i.ref.digest]
                 + [str(c) for c in self.charts if not c.digest])
 
+    def only(self, components: set[str]) -> "Plan":
+        """The images and charts of these components (the packages stay: nodes install them)."""
+        return Plan(self.release, [i for i in self.images if i.component in components],
+                    [c for c in self.charts if c.component in components], list(self.packages), list(self.notes))
+
     def add_image(self, ref: ImageRef, component: str, why: str) -> None:
         if all(existing.ref != ref for existing in self.images):
             self.images.append(PlannedImage(ref, component, why))

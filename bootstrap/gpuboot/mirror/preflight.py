@@ -17,17 +17,18 @@ def _path(value: str | None, cluster: Cluster) -> str | None:
 
 
 def needed(cluster: Cluster, phases) -> bool:
-    return cluster.settings.mirror.air_gapped and any(p.pulls_images or p.installs_packages for p in phases)
+    return cluster.settings.mirror.air_gapped and any(p.pulls_for(cluster) or p.installs_packages for p in phases)
 
 
 def check_mirror(cluster: Cluster, phases, releases_dir: Path | None = None) -> int:
     """Raise MirrorError naming every missing artifact the phases need; return how many were checked."""
     mirror = cluster.settings.mirror
-    plan = build(matrix.load(cluster.settings.release, releases_dir), Target.of(cluster))
+    # Only what the selected phases consume: node preparation alone needs no images.
+    components = {c for p in phases for c in p.pulls_for(cluster)}
+    plan = build(matrix.load(cluster.settings.release, releases_dir), Target.of(cluster)).only(components)
     registry = Registry(f"https://{mirror.registry}", ca_file=_path(mirror.ca_file, cluster),
                         credentials=read_credentials(_path(mirror.credentials_file, cluster)))
-    # Only what the selected phases consume: node preparation alone needs no images.
-    wants_images = any(p.pulls_images for p in phases)
+    wants_images = bool(components)
     wants_packages = bool(any(p.installs_packages for p in phases) and mirror.packages_url)
     require_complete(plan, registry, mirror.packages_url if wants_packages else None,
                      _path(mirror.ca_file, cluster), images=wants_images)

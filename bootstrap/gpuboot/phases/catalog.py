@@ -24,10 +24,16 @@ class Phase:
     playbook: str
     hosts: str
     tags: tuple[str, ...] = ()
-    # Nodes pull images / install packages for this phase: in an air gap the mirror must
-    # hold them first.
-    pulls_images: bool = False
+    # The matrix components whose images nodes pull in this phase, and whether it installs
+    # packages: in an air gap the mirror must hold them first.
+    pulls: tuple[str, ...] = ()
     installs_packages: bool = False
+
+    def pulls_for(self, cluster: Cluster) -> tuple[str, ...]:
+        # The bridge CNI is plugins from a package; only Calico pulls images.
+        if cluster.settings.networking.cni != "calico":
+            return tuple(c for c in self.pulls if c != "calico")
+        return self.pulls
 
     @property
     def path(self) -> Path:
@@ -48,14 +54,14 @@ UP: tuple[Phase, ...] = (
     Phase("kube_packages", "Pinned kubeadm, kubelet, kubectl", "kube_packages.yml", CLUSTER, ("kube_packages",),
           installs_packages=True),
     Phase("ha_endpoint", "HA API endpoint (VIP)", "ha_endpoint.yml", "control_plane", ("ha_endpoint",)),
-    Phase("control_plane_init", "First control plane (kubeadm init)", "control_plane_init.yml", "control_plane[0]", ("kubeadm",), pulls_images=True),
-    Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml", "control_plane[1:]", ("kubeadm",), pulls_images=True),
-    Phase("workers_join", "Worker joins", "workers_join.yml", "workers", ("kubeadm",), pulls_images=True),
-    Phase("cni", "Calico (tigera-operator)", "cni.yml", "control_plane[0]", ("cni",), pulls_images=True),
-    Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml", "control_plane[0]", ("gpu",), pulls_images=True),
-    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", "control_plane[0]", ("network",), pulls_images=True),
+    Phase("control_plane_init", "First control plane (kubeadm init)", "control_plane_init.yml", "control_plane[0]", ("kubeadm",), pulls=("kubernetes",)),
+    Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml", "control_plane[1:]", ("kubeadm",), pulls=("kubernetes",)),
+    Phase("workers_join", "Worker joins", "workers_join.yml", "workers", ("kubeadm",), pulls=("kubernetes",)),
+    Phase("cni", "Pod network (Calico, or bridge)", "cni.yml", CLUSTER, ("cni",), pulls=("calico",)),
+    Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml", "control_plane[0]", ("gpu",), pulls=("gpu_operator",)),
+    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", "control_plane[0]", ("network",), pulls=("network_operator",)),
     Phase("validate", "Cluster validation", "validate.yml", "control_plane[0]", ("validate",)),
-    Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", "control_plane[0]", ("gitops",), pulls_images=True),
+    Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", "control_plane[0]", ("gitops",), pulls=("argocd",)),
 )
 
 CATALOGS = {"up": UP}

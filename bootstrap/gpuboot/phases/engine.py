@@ -120,6 +120,8 @@ class Engine:
             artifact_dir=run_dir / "phases",
             ident=phase.name,
             extravars={"gpuboot_action": self.options.action, "gpuboot_run_id": run_id,
+                       # The admin kubeconfig (0600) lives beside the cluster's state.
+                       "gpuboot_kubeconfig": str(self.state.root / "admin.conf"),
                        **dict(self.options.extravars)},
             envvars=self._envvars(run_dir),
             forks=forks_for(self.cluster),
