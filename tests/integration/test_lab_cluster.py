@@ -1,0 +1,194 @@
+"""A real cluster in the lab (issue 6, step 5): five privileged lab nodes (kind's settings)
+with the Kubernetes built from Go modules, installed and pulled through an air-gapped
+mirror; `gpuboot up` runs real keepalived/haproxy, `kubeadm init`, two control-plane joins
+and two worker joins behind the VIP, and the bridge CNI; every node becomes Ready. A
+second `up` changes nothing. Then the VIP holder is stopped and the API still answers
+through the VIP.
+
+Needs the build cache for the lab inventory's Kubernetes version: CI builds it (step 3's
+tests need it too); elsewhere the test is skipped with the command that builds it."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import stat
+import subprocess
+import time
+from ipaddress import ip_network
+
+import pytest
+import yaml
+
+from gpuboot import matrix
+from gpuboot.cli.main import run
+from gpuboot.errors import LabError
+from gpuboot.lab.cluster import Lab, LabSpec
+from gpuboot.lab.kubernetes import KubernetesBuild
+from gpuboot.mirror.packages import export_public_key
+from gpuboot.mirror.serve import ServeSpec, start
+from tests.integration.conftest import edit_inventory, ssh
+from tests.support.mirror_fixture import free_port, signing_key
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+NAME = "kcluster"
+SUBNET = "10.213.82.0/24"
+RELEASE = "k8s-1.34"  # the lab inventory's
+
+
+def _built_kubectl(version: str):
+    builder = KubernetesBuild(log=lambda m: None)
+    try:
+        return builder.path(version) / "kubectl"
+    except LabError as exc:
+        if os.environ.get("GPUBOOT_REQUIRE_LAB") != "1":
+            pytest.skip(f"SKIPPED the real cluster: {exc.message}; {exc.hint}")
+        return builder.build(version).bin_dir / "kubectl"
+
+
+@pytest.fixture
+def cluster(lab, tmp_path, monkeypatch):
+    # `lab` first: the shared fixture decides skip-or-fail on machines without the lab.
+    version = matrix.load(RELEASE).kubernetes.version
+    kubectl = _built_kubectl(version)
+    monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
+    bundle = tmp_path / "bundle"
+    assert run(["lab", "kubernetes", "bundle", "--version", version, "--out", str(bundle)]) == 0
+
+    node_lab = Lab(tmp_path / "_lab", log=lambda msg: None)
+    node_lab.down(NAME)
+    raw_inventory = tmp_path / "lab" / "inventory.yml"
+    state = node_lab.up(LabSpec(name=NAME, control_planes=3, workers=2, gpu_workers=0, subnet=SUBNET,
+                                flavour="kubernetes", release=RELEASE), raw_inventory)
+    mirror = None
+    try:
+        gateway = str(next(ip_network(SUBNET).hosts()))
+        secrets = tmp_path / "secrets"
+        secrets.mkdir(mode=0o700)
+        creds = secrets / "mirror.json"
+        creds.write_text(json.dumps({"username": "nodes", "password": "Lab-cluster-mirror-pw"}))
+        packages_dir = tmp_path / "packages"
+        packages_dir.mkdir()
+        mirror = start(ServeSpec(tmp_path / "mirror", f"{gateway}:{free_port(gateway)}", credentials_file=creds,
+                                 packages_dir=packages_dir, packages_listen=f"{gateway}:{free_port(gateway)}"))
+        gnupg = tmp_path / "gnupg"
+        key_id = signing_key(gnupg)
+        assert run(["mirror", "import", str(bundle), "--registry", mirror.spec.listen, "--ca-file",
+                    str(mirror.ca_file), "--credentials-file", str(creds), "--packages-dir", str(packages_dir),
+                    "--gpg-home", str(gnupg), "--gpg-key", key_id]) == 0
+        export_public_key(str(gnupg), key_id, secrets / "packages.asc")
+
+        def air_gapped(data):
+            data["all"]["vars"]["gpuboot"]["mirror"] = {
+                "air_gapped": True, "registry": mirror.spec.listen, "ca_file": str(mirror.ca_file),
+                "credentials_file": str(creds), "packages_url": f"https://{mirror.spec.packages_listen}",
+                "packages_key_file": str(secrets / "packages.asc")}
+        inventory = edit_inventory(raw_inventory, tmp_path / "inv" / "inventory.yml", air_gapped)
+        yield {"lab": node_lab, "state": state, "inventory": inventory, "version": version, "kubectl": kubectl,
+               "mirror": mirror.spec.listen, "kubeconfig": tmp_path / "state" / NAME / "admin.conf"}
+    finally:
+        if mirror is not None:
+            mirror.stop()
+        node_lab.down(NAME)
+
+
+def _kubectl(info, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]),
+                           f"--request-timeout={int(timeout)}s", *args],
+                          capture_output=True, text=True, timeout=timeout + 5)
+
+
+def _phase_changes(info) -> dict[str, int]:
+    record = json.loads((info["kubeconfig"].parent / "state.json").read_text())["phases"]
+    return {name: entry["changed"] for name, entry in record.items()}
+
+
+def _vip_holder(info, control_planes: list[str], vip: str) -> str:
+    holders = [h for h in control_planes if f" {vip}/" in ssh(info, h, "ip -4 -o addr show").stdout]
+    assert len(holders) == 1, f"VIP {vip} held by {holders}"
+    return holders[0]
+
+
+def test_gpuboot_up_builds_a_real_ha_cluster_that_survives_losing_the_vip_holder(cluster, capsys):
+    t0 = time.monotonic()
+    assert run(["up", str(cluster["inventory"]), "--to", "cni"]) == 0, capsys.readouterr().out[-4000:]
+    first_up = time.monotonic() - t0
+    capsys.readouterr()
+
+    # The admin kubeconfig on the control machine: private, pointing at the VIP.
+    kubeconfig = cluster["kubeconfig"]
+    assert stat.S_IMODE(kubeconfig.stat().st_mode) == 0o600
+    settings = yaml.safe_load(cluster["inventory"].read_text())["all"]["vars"]["gpuboot"]
+    vip, port = settings["control_plane"]["vip"], settings["control_plane"]["port"]
+    assert yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"] == f"https://{vip}:{port}"
+
+    nodes = json.loads(_kubectl(cluster, "get", "nodes", "-o", "json").stdout)["items"]
+    names = sorted(n["metadata"]["name"] for n in nodes)
+    assert names == [f"{NAME}-cp1", f"{NAME}-cp2", f"{NAME}-cp3", f"{NAME}-w1", f"{NAME}-w2"]
+    for node in nodes:
+        ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True", (node["metadata"]["name"], ready)
+        assert node["status"]["nodeInfo"]["kubeletVersion"] == cluster["version"]
+    control_planes = sorted(n["metadata"]["name"] for n in nodes
+                            if "node-role.kubernetes.io/control-plane" in n["metadata"]["labels"])
+    assert control_planes == names[:3]
+
+    # Three etcd members and API servers, from the mirror by its own name; kube-proxy on
+    # every node; CoreDNS ready (it reaches the API through a Service, so kube-proxy works).
+    pods = json.loads(_kubectl(cluster, "-n", "kube-system", "get", "pods", "-o", "json").stdout)["items"]
+
+    def running(prefix: str) -> list[dict]:
+        return [p for p in pods if p["metadata"]["name"].startswith(prefix) and p["status"]["phase"] == "Running"]
+    assert len(running("etcd-")) == 3 and len(running("kube-apiserver-")) == 3
+    assert len(running("kube-proxy-")) == 5
+    api_image = running("kube-apiserver-")[0]["spec"]["containers"][0]["image"]
+    assert api_image == f"{cluster['mirror']}/registry.k8s.io/kube-apiserver:{cluster['version']}"
+    deadline = time.monotonic() + 120
+    while True:
+        dns = json.loads(_kubectl(cluster, "-n", "kube-system", "get", "pods", "-l", "k8s-app=kube-dns",
+                                  "-o", "json").stdout)["items"]
+        if dns and all(all(c["ready"] for c in p["status"].get("containerStatuses", [{"ready": False}]))
+                       for p in dns):
+            break
+        assert time.monotonic() < deadline, [p["status"] for p in dns]
+        time.sleep(3)
+
+    # Re-running is safe: every phase runs again (--force) and changes nothing.
+    t1 = time.monotonic()
+    assert run(["up", str(cluster["inventory"]), "--to", "cni", "--force"]) == 0, capsys.readouterr().out[-4000:]
+    second_up = time.monotonic() - t1
+    changes = {name: count for name, count in _phase_changes(cluster).items() if count}
+    assert changes == {}, f"a second up changed things: {changes}"
+
+    # The bootstrap tokens this run made exist in the cluster, and none of them is in any
+    # file gpuboot wrote (run logs, runner artifacts, state) or in its terminal output.
+    secrets = json.loads(_kubectl(cluster, "-n", "kube-system", "get", "secrets", "--field-selector",
+                                  "type=bootstrap.kubernetes.io/token", "-o", "json").stdout)["items"]
+    tokens = [base64.b64decode(s["data"]["token-secret"]).decode() for s in secrets]
+    assert len(tokens) >= 2  # one for the control-plane joins, one for the workers
+    output = capsys.readouterr().out
+    for path in (cluster["kubeconfig"].parent).rglob("*"):
+        if path.is_file() and path.name != "admin.conf":
+            text = path.read_text(errors="replace")
+            assert not any(t in text for t in tokens), f"a join token is in {path}"
+    assert not any(t in output for t in tokens)
+
+    # Lose the VIP holder: the VIP moves and the API answers through it.
+    holder = _vip_holder(cluster, names[:3], vip)
+    container = f"gpuboot-{NAME}-{holder.removeprefix(NAME + '-')}"
+    subprocess.run(["podman", "stop", "-t", "2", container], check=True, capture_output=True)
+    stopped = time.monotonic()
+    deadline = stopped + 60
+    while True:
+        answer = _kubectl(cluster, "get", "nodes", "-o", "name", timeout=3)
+        if answer.returncode == 0:
+            break
+        assert time.monotonic() < deadline, answer.stderr
+        time.sleep(0.5)
+    answered_after = time.monotonic() - stopped
+    assert len(answer.stdout.split()) == 5
+    survivors = [h for h in names[:3] if h != holder]
+    assert _vip_holder(cluster, survivors, vip) in survivors
+    print(f"\nreal cluster: first up {first_up:.0f}s, second up {second_up:.0f}s (0 changes), VIP holder {holder} "
+          f"stopped, API through the VIP answered after {answered_after:.1f}s")
