@@ -24,7 +24,9 @@ def test_catalog_order_is_the_documented_one():
 def test_every_phase_playbook_exists_and_targets_its_hosts(phase):
     plays = yaml.safe_load(phase.path.read_text())
     assert plays, phase.path
-    assert plays[0]["hosts"] == phase.hosts
+    # The phase's hosts are what one of its plays targets (others may run on the first
+    # control plane for the cluster-wide steps).
+    assert phase.hosts in [play["hosts"] for play in plays]
     for play in plays:
         for task in play.get("tasks", []):
             assert task["name"].startswith(phase.name) or task["name"].split(" | ")[0], task
