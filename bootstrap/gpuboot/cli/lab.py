@@ -49,6 +49,16 @@ def lab_down(app: App, name: str) -> None:
     app.console.print(f"removed {len(removed)} things" + "".join(f"\n  {r}" for r in removed))
 
 
+@lab.command("mirror")
+@click.argument("bundle", type=click.Path(file_okay=False, exists=True))
+@click.option("--name", default="lab", show_default=True)
+@pass_app
+def lab_mirror(app: App, bundle: str, name: str) -> None:
+    """Serve an air-gap mirror for the lab, import BUNDLE, and make its inventory use it."""
+    state = _lab(app, name).start_mirror(Path(bundle).resolve())
+    app.console.print(f"[green]lab {name} mirror up[/] (pid {state.mirror_pid}); stopped by `gpuboot lab down`")
+
+
 @lab.command("status")
 @click.option("--name", default="lab", show_default=True)
 @click.option("--output", type=click.Choice(["text", "json"]), default="text")

@@ -15,6 +15,7 @@ import yaml
 
 from gpuboot.errors import LabError
 from gpuboot.lab import aptcache, firewall
+from gpuboot.lab import mirror as lab_mirror
 from gpuboot.lab.image import ensure_image
 from gpuboot.lab.podman import Podman
 
@@ -50,6 +51,7 @@ class LabState:
     containers: list[str] = field(default_factory=list)
     volumes: list[str] = field(default_factory=list)
     acng_pid: int | None = None
+    mirror_pid: int | None = None  # `gpuboot lab mirror`
     inventory: str = ""
     addresses: dict[str, str] = field(default_factory=dict)
 
@@ -253,6 +255,8 @@ class Lab:
             removed.append(f"nft table {firewall.table_name(name)}")
         removed += self._restore_host_sysctls()
         if state is not None:
+            if lab_mirror.stop(state.mirror_pid):
+                removed.append(f"lab mirror pid {state.mirror_pid}")
             aptcache.stop(state.acng_pid)
             if state.acng_pid:
                 removed.append(f"apt-cacher-ng pid {state.acng_pid}")
@@ -261,6 +265,18 @@ class Lab:
                 removed.append(state.inventory)
             self.state_file.unlink()
         return removed
+
+    def start_mirror(self, bundle: Path) -> LabState:
+        state = self.load()
+        if state is None or state.status != "up":
+            raise LabError("no lab is up", hint="run `gpuboot lab up --flavour kubernetes` first")
+        if lab_mirror.running(state.mirror_pid):
+            # Same addresses as before, so the nodes' configuration stays as it is.
+            self.log(f"lab mirror already running (pid {state.mirror_pid}); importing into it is `gpuboot mirror import`")
+            return state
+        state.mirror_pid = lab_mirror.start(self.dir, state.spec.subnet, bundle, Path(state.inventory), self.log)
+        self._save(state)
+        return state
 
     def status(self) -> list[dict]:
         state = self.load()

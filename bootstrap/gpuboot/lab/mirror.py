@@ -1,0 +1,114 @@
+"""`gpuboot lab mirror BUNDLE`: an air-gap mirror for a running lab, as production has one.
+
+`gpuboot mirror serve` runs detached on the lab network's gateway (TLS from gpuboot's CA,
+one user, a signed apt repository), the bundle enters it through `gpuboot mirror import`,
+and the lab inventory is rewritten air-gapped to use it. `gpuboot lab down` stops it."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from ipaddress import ip_network
+from pathlib import Path
+
+import yaml
+
+from gpuboot.errors import LabError
+from gpuboot.mirror.packages import export_public_key
+
+KEY_EMAIL = "lab-mirror@gpuboot.invalid"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _wait_listening(host: str, port: int, proc: subprocess.Popen, log: Path, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LabError(f"the lab mirror exited at start; see {log}")
+        with socket.socket() as probe:
+            probe.settimeout(0.3)
+            if probe.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.2)
+    raise LabError(f"the lab mirror did not listen on {host}:{port} within {timeout:.0f} s; see {log}")
+
+
+def _signing_key(home: Path) -> str:
+    if not home.exists():
+        home.mkdir(mode=0o700, parents=True)
+        subprocess.run(["gpg", "--homedir", str(home), "--batch", "--passphrase", "", "--quick-gen-key",
+                        f"gpuboot lab mirror <{KEY_EMAIL}>", "ed25519", "sign", "never"],
+                       check=True, capture_output=True)
+    return KEY_EMAIL
+
+
+def start(lab_dir: Path, subnet: str, bundle: Path, inventory: Path, log=print) -> int:
+    """Serve, import, point the inventory at it; return the server's PID (its process group)."""
+    from gpuboot.cli.main import run  # the same commands an operator runs
+    root = lab_dir / "mirror"
+    secrets_dir = root / "secrets"
+    secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    creds = secrets_dir / "mirror.json"
+    if not creds.exists():
+        creds.touch(mode=0o600)
+        creds.write_text(json.dumps({"username": "lab", "password": secrets.token_urlsafe(24)}))
+    packages = root / "packages"
+    packages.mkdir(exist_ok=True)
+    gateway = str(next(ip_network(subnet).hosts()))
+    registry, packages_listen = f"{gateway}:{_free_port(gateway)}", f"{gateway}:{_free_port(gateway)}"
+    out = root / "serve.log"
+    with out.open("ab") as handle:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuboot", "mirror", "serve", "--root", str(root / "registry"),
+                                 "--listen", registry, "--credentials-file", str(creds), "--packages-dir",
+                                 str(packages), "--packages-listen", packages_listen],
+                                stdout=handle, stderr=handle, stdin=subprocess.DEVNULL, start_new_session=True)
+    for listen in (registry, packages_listen):
+        host, port = listen.rsplit(":", 1)
+        _wait_listening(host, int(port), proc, out)
+    ca = root / "registry" / "pki" / "ca.crt"
+    key = _signing_key(root / "gnupg")
+    if run(["mirror", "import", str(bundle), "--registry", registry, "--ca-file", str(ca), "--credentials-file",
+            str(creds), "--packages-dir", str(packages), "--gpg-home", str(root / "gnupg"), "--gpg-key", key]) != 0:
+        stop(proc.pid)
+        raise LabError(f"importing {bundle} into the lab mirror failed (see above)")
+    export_public_key(str(root / "gnupg"), key, secrets_dir / "packages.asc")
+    text = inventory.read_text()
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    data = yaml.safe_load(text)
+    data["all"]["vars"]["gpuboot"]["mirror"] = {
+        "air_gapped": True, "registry": registry, "ca_file": str(ca), "credentials_file": str(creds),
+        "packages_url": f"https://{packages_listen}", "packages_key_file": str(secrets_dir / "packages.asc")}
+    inventory.write_text(header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+    log(f"lab mirror on {registry} (packages on {packages_listen}); {inventory} now air-gapped through it")
+    return proc.pid
+
+
+def running(pid: int | None) -> bool:
+    """Whether that PID is still our `mirror serve` (a recorded PID may be reused by now)."""
+    try:
+        return bool(pid) and b"mirror\x00serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def stop(pid: int | None) -> bool:
+    """Stop the mirror's process group, only if that PID is still our `mirror serve`."""
+    if not running(pid):
+        return False
+    os.killpg(pid, signal.SIGTERM)
+    for _ in range(50):
+        if not Path(f"/proc/{pid}").exists():
+            return True
+        time.sleep(0.1)
+    os.killpg(pid, signal.SIGKILL)
+    return True
