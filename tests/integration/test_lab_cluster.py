@@ -1,6 +1,7 @@
 """A real cluster in the lab (issue 6, step 5): five privileged lab nodes (kind's settings)
-with the Kubernetes built from Go modules, installed and pulled through an air-gapped
-mirror; `gpuboot up` runs real keepalived/haproxy, `kubeadm init`, two control-plane joins
+with the Kubernetes built from Go modules (`gpuboot lab kubernetes bundle`: kubeadm's
+images and the .debs), imported with `mirror import` and installed and pulled by the nodes
+through an air-gapped mirror exactly as in production; `gpuboot up` runs real keepalived/haproxy, `kubeadm init`, two control-plane joins
 and two worker joins behind the VIP, and the bridge CNI; every node becomes Ready. A
 second `up` changes nothing. Then the VIP holder is stopped and the API still answers
 through the VIP.
@@ -48,13 +49,16 @@ def _built_kubectl(version: str):
 
 
 @pytest.fixture
-def cluster(lab, tmp_path, monkeypatch):
+def cluster(lab, tmp_path, monkeypatch, capsys):
     # `lab` first: the shared fixture decides skip-or-fail on machines without the lab.
     version = matrix.load(RELEASE).kubernetes.version
     kubectl = _built_kubectl(version)
     monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
     bundle = tmp_path / "bundle"
     assert run(["lab", "kubernetes", "bundle", "--version", version, "--out", str(bundle)]) == 0
+    said = capsys.readouterr().out
+    # What the lab cannot build is named, not faked.
+    assert "not built" in said and "cri-tools" in said.split("not built", 1)[1]
 
     node_lab = Lab(tmp_path / "_lab", log=lambda msg: None)
     node_lab.down(NAME)
@@ -86,7 +90,7 @@ def cluster(lab, tmp_path, monkeypatch):
                 "packages_key_file": str(secrets / "packages.asc")}
         inventory = edit_inventory(raw_inventory, tmp_path / "inv" / "inventory.yml", air_gapped)
         yield {"lab": node_lab, "state": state, "inventory": inventory, "version": version, "kubectl": kubectl,
-               "mirror": mirror.spec.listen, "kubeconfig": tmp_path / "state" / NAME / "admin.conf"}
+               "mirror": mirror.spec.listen, "packages": mirror.spec.packages_listen, "kubeconfig": tmp_path / "state" / NAME / "admin.conf"}
     finally:
         if mirror is not None:
             mirror.stop()
@@ -115,6 +119,16 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_survives_losing_the_vip_holder
     assert run(["up", str(cluster["inventory"]), "--to", "cni"]) == 0, capsys.readouterr().out[-4000:]
     first_up = time.monotonic() - t0
     terminal = capsys.readouterr().out
+
+    # The packages came from the mirror's signed repository at the built version.
+    node = f"{NAME}-w1"
+    versions = ssh(cluster, node, "kubeadm version -o short; kubelet --version; kubectl version --client | head -1; "
+                                  "ls /opt/cni/bin | tr '\\n' ' '; echo; apt-cache policy kubeadm | grep -m1 https")
+    lines = versions.stdout.splitlines()
+    version = cluster["version"]
+    assert lines[:3] == [version, f"Kubernetes {version}", f"Client Version: {version}"], versions.stdout
+    assert {"bridge", "host-local", "loopback", "portmap"} <= set(lines[3].split())
+    assert lines[4].split()[1].startswith(f"https://{cluster['packages']}/"), lines[4]
 
     # The admin kubeconfig on the control machine: private, pointing at the VIP.
     kubeconfig = cluster["kubeconfig"]
@@ -154,9 +168,11 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_survives_losing_the_vip_holder
         assert time.monotonic() < deadline, [p["status"] for p in dns]
         time.sleep(3)
 
-    # Re-running is safe: every phase runs again (--force) and changes nothing.
+    # Re-running is safe: the cluster phases run again (--force) and change nothing (node
+    # preparation's second run is checked in test_node_prep_phases).
     t1 = time.monotonic()
-    assert run(["up", str(cluster["inventory"]), "--to", "cni", "--force"]) == 0, capsys.readouterr().out[-4000:]
+    assert run(["up", str(cluster["inventory"]), "--from", "ha_endpoint", "--to", "cni", "--force"]) == 0, \
+        capsys.readouterr().out[-4000:]
     second_up = time.monotonic() - t1
     changes = {name: count for name, count in _phase_changes(cluster).items() if count}
     assert changes == {}, f"a second up changed things: {changes}"
