@@ -211,6 +211,8 @@ def mirror_cert(directory, names) -> None:
 def mirror_serve(root, listen, names, tls_cert, tls_key, credentials_file, packages_dir, packages_listen,
                  plain_http) -> None:
     """Run the mirror registry in the foreground (the registry_mirror role runs it as a service)."""
+    import signal
+    import sys
     import time
     from gpuboot.mirror.serve import ServeSpec, command, start, write_config
     if bool(tls_cert) != bool(tls_key):
@@ -226,6 +228,9 @@ def mirror_serve(root, listen, names, tls_cert, tls_key, credentials_file, packa
         argv = command(config)
         os.execv(argv[0], argv)
     running = start(spec)
+    # `kill PID` (or `gpuboot lab down`) must stop the registry too: it runs in its own
+    # session, so turn SIGTERM into an exit that runs the cleanup below.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     _announce(spec, tls_cert)
     click.echo(f"packages: {'https' if spec.tls else 'http'}://{packages_listen}/<os id>/ from {packages_dir}")
     try:
