@@ -26,10 +26,7 @@ from gpuboot.cli.main import run
 from gpuboot.errors import LabError
 from gpuboot.lab.cluster import Lab, LabSpec
 from gpuboot.lab.kubernetes import KubernetesBuild
-from gpuboot.mirror.packages import export_public_key
-from gpuboot.mirror.serve import ServeSpec, start
-from tests.integration.conftest import edit_inventory, ssh
-from tests.support.mirror_fixture import free_port, signing_key
+from tests.integration.conftest import ssh
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -60,41 +57,24 @@ def cluster(lab, tmp_path, monkeypatch, capsys):
     # What the lab cannot build is named, not faked.
     assert "not built" in said and "cri-tools" in said.split("not built", 1)[1]
 
-    node_lab = Lab(tmp_path / "_lab", log=lambda msg: None)
+    # The lab and its mirror exactly as the README's main job makes them (`gpuboot lab up
+    # --flavour kubernetes`, `gpuboot lab mirror BUNDLE`), in this test's own state dir.
+    node_lab = Lab(tmp_path / "state" / "_lab" / NAME, log=lambda msg: None)
     node_lab.down(NAME)
-    raw_inventory = tmp_path / "lab" / "inventory.yml"
-    state = node_lab.up(LabSpec(name=NAME, control_planes=3, workers=2, gpu_workers=0, subnet=SUBNET,
-                                flavour="kubernetes", release=RELEASE), raw_inventory)
-    mirror = None
+    inventory = tmp_path / "lab" / "inventory.yml"
     try:
-        gateway = str(next(ip_network(SUBNET).hosts()))
-        secrets = tmp_path / "secrets"
-        secrets.mkdir(mode=0o700)
-        creds = secrets / "mirror.json"
-        creds.write_text(json.dumps({"username": "nodes", "password": "Lab-cluster-mirror-pw"}))
-        packages_dir = tmp_path / "packages"
-        packages_dir.mkdir()
-        mirror = start(ServeSpec(tmp_path / "mirror", f"{gateway}:{free_port(gateway)}", credentials_file=creds,
-                                 packages_dir=packages_dir, packages_listen=f"{gateway}:{free_port(gateway)}"))
-        gnupg = tmp_path / "gnupg"
-        key_id = signing_key(gnupg)
-        assert run(["mirror", "import", str(bundle), "--registry", mirror.spec.listen, "--ca-file",
-                    str(mirror.ca_file), "--credentials-file", str(creds), "--packages-dir", str(packages_dir),
-                    "--gpg-home", str(gnupg), "--gpg-key", key_id]) == 0
-        export_public_key(str(gnupg), key_id, secrets / "packages.asc")
-
-        def air_gapped(data):
-            data["all"]["vars"]["gpuboot"]["mirror"] = {
-                "air_gapped": True, "registry": mirror.spec.listen, "ca_file": str(mirror.ca_file),
-                "credentials_file": str(creds), "packages_url": f"https://{mirror.spec.packages_listen}",
-                "packages_key_file": str(secrets / "packages.asc")}
-        inventory = edit_inventory(raw_inventory, tmp_path / "inv" / "inventory.yml", air_gapped)
+        state = node_lab.up(LabSpec(name=NAME, control_planes=3, workers=2, gpu_workers=0, subnet=SUBNET,
+                                    flavour="kubernetes", release=RELEASE), inventory)
+        state = node_lab.start_mirror(bundle)
+        mirror = yaml.safe_load(inventory.read_text())["all"]["vars"]["gpuboot"]["mirror"]
+        assert mirror["air_gapped"] and mirror["registry"].startswith(str(next(ip_network(SUBNET).hosts())))
         yield {"lab": node_lab, "state": state, "inventory": inventory, "version": version, "kubectl": kubectl,
-               "mirror": mirror.spec.listen, "packages": mirror.spec.packages_listen, "kubeconfig": tmp_path / "state" / NAME / "admin.conf"}
+               "mirror": mirror["registry"], "packages": mirror["packages_url"].removeprefix("https://"),
+               "kubeconfig": tmp_path / "state" / NAME / "admin.conf"}
     finally:
-        if mirror is not None:
-            mirror.stop()
         node_lab.down(NAME)
+        assert not subprocess.run(["pgrep", "-f", f"docker-registry serve {node_lab.dir}"]).returncode == 0, \
+            "lab down left the lab mirror's registry running"
 
 
 def _kubectl(info, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
@@ -180,18 +160,21 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_survives_losing_the_vip_holder
     changes = {name: recorded[name] for name in rerun if recorded[name]}
     assert changes == {}, f"a second up changed things: {changes}"
 
-    # The bootstrap tokens this run made exist in the cluster, and none of them is in any
-    # file gpuboot wrote (run logs, runner artifacts, state) or in its terminal output.
+    # The bootstrap tokens this run made exist in the cluster; none of them, nor the lab
+    # mirror's password, is in any file gpuboot wrote (run logs, runner artifacts, state)
+    # or in its terminal output.
     secrets = json.loads(_kubectl(cluster, "-n", "kube-system", "get", "secrets", "--field-selector",
                                   "type=bootstrap.kubernetes.io/token", "-o", "json").stdout)["items"]
     tokens = [base64.b64decode(s["data"]["token-secret"]).decode() for s in secrets]
     assert len(tokens) >= 2  # one for the control-plane joins, one for the workers
     terminal += capsys.readouterr().out
+    password = json.loads((cluster["lab"].dir / "mirror" / "secrets" / "mirror.json").read_text())["password"]
     for path in (cluster["kubeconfig"].parent).rglob("*"):
         if path.is_file() and path.name != "admin.conf":
             text = path.read_text(errors="replace")
             assert not any(t in text for t in tokens), f"a join token is in {path}"
-    assert not any(t in terminal for t in tokens)
+            assert password not in text, f"the mirror password is in {path}"
+    assert not any(t in terminal for t in tokens) and password not in terminal
 
     # Lose the VIP holder: the VIP moves and the API answers through it.
     holder = _vip_holder(cluster, names[:3], vip)

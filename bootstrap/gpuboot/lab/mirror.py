@@ -5,6 +5,7 @@ one user, a signed apt repository), the bundle enters it through `gpuboot mirror
 and the lab inventory is rewritten air-gapped to use it. `gpuboot lab down` stops it."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -43,13 +44,28 @@ def _wait_listening(host: str, port: int, proc: subprocess.Popen, log: Path, tim
     raise LabError(f"the lab mirror did not listen on {host}:{port} within {timeout:.0f} s; see {log}")
 
 
+def _short_home(home: Path) -> Path:
+    """gpg-agent's sockets live in the home and a socket path may be 107 bytes at most: lab
+    directories can be deeper than that, so gpg gets a short link to the real home."""
+    link = Path("/tmp") / f"gpuboot-gpg-{hashlib.sha256(str(home).encode()).hexdigest()[:12]}"
+    if not link.is_symlink():
+        link.symlink_to(home)
+    return link
+
+
 def _signing_key(home: Path) -> str:
-    if not home.exists():
-        home.mkdir(mode=0o700, parents=True)
-        subprocess.run(["gpg", "--homedir", str(home), "--batch", "--passphrase", "", "--quick-gen-key",
-                        f"gpuboot lab mirror <{KEY_EMAIL}>", "ed25519", "sign", "never"],
+    if not (home / "pubring.kbx").exists():
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        subprocess.run(["gpg", "--homedir", str(_short_home(home)), "--batch", "--passphrase", "",
+                        "--quick-gen-key", f"gpuboot lab mirror <{KEY_EMAIL}>", "ed25519", "sign", "never"],
                        check=True, capture_output=True)
     return KEY_EMAIL
+
+
+def _done_with_gpg(home: Path) -> None:
+    short = _short_home(home)
+    subprocess.run(["gpgconf", "--homedir", str(short), "--kill", "gpg-agent"], capture_output=True)
+    short.unlink()
 
 
 def start(lab_dir: Path, subnet: str, bundle: Path, inventory: Path, log=print) -> int:
@@ -72,16 +88,22 @@ def start(lab_dir: Path, subnet: str, bundle: Path, inventory: Path, log=print) 
                                  "--listen", registry, "--credentials-file", str(creds), "--packages-dir",
                                  str(packages), "--packages-listen", packages_listen],
                                 stdout=handle, stderr=handle, stdin=subprocess.DEVNULL, start_new_session=True)
-    for listen in (registry, packages_listen):
-        host, port = listen.rsplit(":", 1)
-        _wait_listening(host, int(port), proc, out)
     ca = root / "registry" / "pki" / "ca.crt"
-    key = _signing_key(root / "gnupg")
-    if run(["mirror", "import", str(bundle), "--registry", registry, "--ca-file", str(ca), "--credentials-file",
-            str(creds), "--packages-dir", str(packages), "--gpg-home", str(root / "gnupg"), "--gpg-key", key]) != 0:
-        stop(proc.pid)
-        raise LabError(f"importing {bundle} into the lab mirror failed (see above)")
-    export_public_key(str(root / "gnupg"), key, secrets_dir / "packages.asc")
+    try:
+        for listen in (registry, packages_listen):
+            host, port = listen.rsplit(":", 1)
+            _wait_listening(host, int(port), proc, out)
+        key = _signing_key(root / "gnupg")
+        gpg_home = str(_short_home(root / "gnupg"))
+        if run(["mirror", "import", str(bundle), "--registry", registry, "--ca-file", str(ca), "--credentials-file",
+                str(creds), "--packages-dir", str(packages), "--gpg-home", gpg_home, "--gpg-key", key]) != 0:
+            raise LabError(f"importing {bundle} into the lab mirror failed (see above)")
+        export_public_key(gpg_home, key, secrets_dir / "packages.asc")
+    except BaseException:
+        stop(proc.pid)  # not recorded yet: `lab down` could not find it
+        raise
+    finally:
+        _done_with_gpg(root / "gnupg")
     text = inventory.read_text()
     header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
     data = yaml.safe_load(text)
