@@ -100,11 +100,15 @@ def test_four_phases_converge_then_a_second_run_changes_nothing(lab, prepared_in
     placed = ssh(lab, gpu, f"cat > /etc/containerd/conf.d/99-nvidia.toml <<'EOF'\n{TOOLKIT_DROPIN}EOF\n"
                            "systemctl restart containerd && sha256sum /etc/containerd/conf.d/99-nvidia.toml")
     assert placed.returncode == 0, placed.stderr
-
-    assert run(["up", inventory, "--to", "kube_packages", "--force", "--output", "json"]) == 0
-    events = events_of(capsys.readouterr().out)
-    changed = [(e["host"], e["task"]) for e in events if e["event"] == "HostResult" and e["status"] == "changed"]
-    assert changed == []
-    after = ssh(lab, gpu, "sha256sum /etc/containerd/conf.d/99-nvidia.toml; containerd config dump")
-    assert after.stdout.splitlines()[0] == placed.stdout.splitlines()[-1]
-    assert "nvidia-container-runtime" in after.stdout and "SystemdCgroup = true" in after.stdout
+    try:
+        assert run(["up", inventory, "--to", "kube_packages", "--force", "--output", "json"]) == 0
+        events = events_of(capsys.readouterr().out)
+        changed = [(e["host"], e["task"]) for e in events if e["event"] == "HostResult" and e["status"] == "changed"]
+        assert changed == []
+        after = ssh(lab, gpu, "sha256sum /etc/containerd/conf.d/99-nvidia.toml; containerd config dump")
+        assert after.stdout.splitlines()[0] == placed.stdout.splitlines()[-1]
+        assert "nvidia-container-runtime" in after.stdout and "SystemdCgroup = true" in after.stdout
+    finally:
+        # The lab is shared by the session: a later test with another sandbox image (an
+        # air-gapped inventory) must not meet this stand-in's copy of the CRI section.
+        ssh(lab, gpu, "rm -f /etc/containerd/conf.d/99-nvidia.toml && systemctl restart containerd")
