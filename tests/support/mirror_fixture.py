@@ -4,12 +4,12 @@ that lists them, and the `--source` mapping that points pulls at it."""
 from __future__ import annotations
 
 import re
-import socket
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuboot.mirror.packages import new_signing_key
 from gpuboot.mirror.serve import RunningRegistry, ServeSpec, start
+from gpuboot.net import free_port  # noqa: F401 (the tests import it from here)
 from tests.support.oci_layout import busybox_binaries, push, write_layout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,12 +20,6 @@ LAB_IMAGES = {
     "nvcr.io/nvidia/lab/validator:v25.3.2": "validator",
     "registry.k8s.io/lab/pause:3.10.1": "pause",
 }
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -44,8 +38,7 @@ class Upstream:
 def signing_key(home: Path, email: str = "mirror@gpuboot.invalid") -> str:
     """A passphrase-less GnuPG signing key in its own home, as the mirror's operator keeps one."""
     home.mkdir(mode=0o700)
-    subprocess.run(["gpg", "--homedir", str(home), "--batch", "--passphrase", "", "--quick-gen-key",
-                    f"gpuboot lab mirror <{email}>", "ed25519", "sign", "1d"], check=True, capture_output=True)
+    new_signing_key(str(home), f"gpuboot lab mirror <{email}>", expires="1d")
     return email
 
 

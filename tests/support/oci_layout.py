@@ -11,6 +11,7 @@ import random
 import subprocess
 from pathlib import Path
 
+from gpuboot.lab.debroot import fetch_debs
 from tests.support.oci_image import _blob, _tar
 
 INDEX = "application/vnd.oci.image.index.v1+json"
@@ -28,14 +29,7 @@ def busybox_binaries(cache: Path) -> dict[str, bytes]:
         target = cache / f"busybox-{arch}"
         if not target.is_file():
             work = cache / f"apt-{arch}"
-            (work / "lists" / "partial").mkdir(parents=True, exist_ok=True)
-            (work / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
-            opts = ["-o", f"APT::Architecture={arch}", "-o", f"APT::Architectures::={arch}",
-                    "-o", f"Dir::State::Lists={work / 'lists'}", "-o", f"Dir::Cache={work / 'cache'}",
-                    "-o", "Dir::State::status=/dev/null", "-o", "Debug::NoLocking=1", "-qq"]
-            subprocess.run(["apt-get", *opts, "update"], check=True, capture_output=True)
-            subprocess.run(["apt-get", *opts, "download", "busybox-static"], check=True, capture_output=True, cwd=work)
-            deb = next(work.glob("busybox-static_*.deb"))
+            deb = fetch_debs(["busybox-static"], work, arch, dependencies=False)[0]
             extract = work / "root"
             subprocess.run(["dpkg-deb", "-x", str(deb), str(extract)], check=True)
             target.write_bytes((extract / "bin" / "busybox").read_bytes())

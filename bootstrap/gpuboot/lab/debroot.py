@@ -29,6 +29,28 @@ def _closure(opts: list[str], packages: list[str]) -> list[str]:
                    if line and not line.startswith((" ", "<"))})
 
 
+def fetch_debs(packages: list[str], work: Path, arch: str = "amd64", dependencies: bool = True) -> list[Path]:
+    """Download the packages (and what they depend on) for `arch` into `work`, through
+    this machine's apt sources and a private apt state."""
+    (work / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    (work / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+    opts = _apt(work, arch)
+    subprocess.run(["apt-get", *opts, "update"], check=True, capture_output=True)
+    names = _closure(opts, packages) if dependencies else sorted(packages)
+    debs = work / "debs"
+    debs.mkdir(exist_ok=True)
+    got = subprocess.run(["apt-get", *opts, "download", *names], capture_output=True, text=True, cwd=debs)
+    if got.returncode != 0:
+        raise LabError(f"apt-get download failed: {got.stderr.strip()}")
+    found = []
+    for name in names:
+        deb = sorted(debs.glob(f"{name}_*_{arch}.deb")) + sorted(debs.glob(f"{name}_*_all.deb"))
+        if not deb:
+            raise LabError(f"{name} was not downloaded")
+        found.append(deb[-1])
+    return found
+
+
 def rootfs_tar(packages: list[str], cache: Path, symlinks: dict[str, str], arch: str = "amd64") -> bytes:
     """A tar of the packages' files plus `symlinks` (path -> target; what maintainer scripts
     such as update-alternatives would have made), cached by the package set."""
@@ -37,24 +59,12 @@ def rootfs_tar(packages: list[str], cache: Path, symlinks: dict[str, str], arch:
     if cached.is_file():
         return cached.read_bytes()
     work = cache / f"apt-{arch}"
-    (work / "lists" / "partial").mkdir(parents=True, exist_ok=True)
-    (work / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
-    opts = _apt(work, arch)
-    subprocess.run(["apt-get", *opts, "update"], check=True, capture_output=True)
-    names = _closure(opts, packages)
-    debs = work / "debs"
-    debs.mkdir(exist_ok=True)
-    got = subprocess.run(["apt-get", *opts, "download", *names], capture_output=True, text=True, cwd=debs)
-    if got.returncode != 0:
-        raise LabError(f"apt-get download failed: {got.stderr.strip()}")
+    debs = fetch_debs(packages, work, arch)
     root = work / f"root-{key}"
     subprocess.run(["rm", "-rf", str(root)], check=True)
     root.mkdir()
-    for name in names:
-        deb = sorted(debs.glob(f"{name}_*_{arch}.deb")) + sorted(debs.glob(f"{name}_*_all.deb"))
-        if not deb:
-            raise LabError(f"{name} was not downloaded")
-        subprocess.run(["dpkg-deb", "-x", str(deb[-1]), str(root)], check=True)
+    for deb in debs:
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
     for path, target in symlinks.items():
         link = root / path.lstrip("/")
         link.parent.mkdir(parents=True, exist_ok=True)

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -20,15 +18,11 @@ from pathlib import Path
 import yaml
 
 from gpuboot.errors import LabError
-from gpuboot.mirror.packages import export_public_key
+from gpuboot.lab.process import runs, stop_own_process
+from gpuboot.mirror.packages import export_public_key, new_signing_key
+from gpuboot.net import free_port
 
 KEY_EMAIL = "lab-mirror@gpuboot.invalid"
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def _wait_listening(host: str, port: int, proc: subprocess.Popen, log: Path, timeout: float = 20) -> None:
@@ -56,9 +50,7 @@ def _short_home(home: Path) -> Path:
 def _signing_key(home: Path) -> str:
     if not (home / "pubring.kbx").exists():
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        subprocess.run(["gpg", "--homedir", str(_short_home(home)), "--batch", "--passphrase", "",
-                        "--quick-gen-key", f"gpuboot lab mirror <{KEY_EMAIL}>", "ed25519", "sign", "never"],
-                       check=True, capture_output=True)
+        new_signing_key(str(_short_home(home)), f"gpuboot lab mirror <{KEY_EMAIL}>")
     return KEY_EMAIL
 
 
@@ -81,7 +73,7 @@ def start(lab_dir: Path, subnet: str, bundle: Path, inventory: Path, log=print) 
     packages = root / "packages"
     packages.mkdir(exist_ok=True)
     gateway = str(next(ip_network(subnet).hosts()))
-    registry, packages_listen = f"{gateway}:{_free_port(gateway)}", f"{gateway}:{_free_port(gateway)}"
+    registry, packages_listen = f"{gateway}:{free_port(gateway)}", f"{gateway}:{free_port(gateway)}"
     out = root / "serve.log"
     with out.open("ab") as handle:
         proc = subprocess.Popen([sys.executable, "-m", "gpuboot", "mirror", "serve", "--root", str(root / "registry"),
@@ -115,22 +107,13 @@ def start(lab_dir: Path, subnet: str, bundle: Path, inventory: Path, log=print) 
     return proc.pid
 
 
+PROGRAM = b"mirror\x00serve"
+
+
 def running(pid: int | None) -> bool:
-    """Whether that PID is still our `mirror serve` (a recorded PID may be reused by now)."""
-    try:
-        return bool(pid) and b"mirror\x00serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+    return runs(pid, PROGRAM)
 
 
 def stop(pid: int | None) -> bool:
     """Stop the mirror's process group, only if that PID is still our `mirror serve`."""
-    if not running(pid):
-        return False
-    os.killpg(pid, signal.SIGTERM)
-    for _ in range(50):
-        if not Path(f"/proc/{pid}").exists():
-            return True
-        time.sleep(0.1)
-    os.killpg(pid, signal.SIGKILL)
-    return True
+    return stop_own_process(pid, PROGRAM, group=True)

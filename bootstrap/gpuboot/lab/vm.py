@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +21,7 @@ import yaml
 
 from gpuboot.errors import LabError
 from gpuboot.lab.process import stop_own_process
+from gpuboot.net import free_port
 from gpuboot.lab.image import PACKAGES, RECIPE_VERSION, SUITE, debian_sources
 
 # chrony is baked in: os_prep installs it, and VMs have no package source (restrict=on).
@@ -114,7 +114,7 @@ class VmLab:
         self._save(state)
         for index in range(1, count + 1):
             host = f"{name}{index}"
-            port = _free_port()
+            port = free_port()
             overlay = self.dir / f"{host}.qcow2"
             subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(image / "base.raw"), "-F", "raw",
                             str(overlay)], check=True)
@@ -189,9 +189,3 @@ class VmLab:
             Path(state.inventory).unlink(missing_ok=True)
         self.state_file.unlink()
         return removed
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

@@ -135,6 +135,13 @@ def _sign(os_dir: Path, gpg_home: str | None, gpg_key: str) -> None:
                               hint="pass --gpg-home with the key's GnuPG home and a key without a passphrase prompt")
 
 
+def new_signing_key(gpg_home: str, uid: str, expires: str = "never") -> None:
+    """A passphrase-less ed25519 signing key for the package repositories (a lab's or a
+    test's; an operator brings their own)."""
+    subprocess.run(["gpg", "--homedir", gpg_home, "--batch", "--passphrase", "", "--quick-gen-key", uid,
+                    "ed25519", "sign", expires], check=True, capture_output=True)
+
+
 def export_public_key(gpg_home: str | None, gpg_key: str, dest: Path) -> None:
     """The key nodes use as signed-by (gpuboot.mirror.packages_key_file)."""
     argv = ["gpg", "--batch", "--armor", "--export", gpg_key]
