@@ -27,11 +27,11 @@ last=$("$gpuboot" plan "$inventory" --output json | .venv/bin/python -c '
 import json, sys
 built = []
 for row in json.load(sys.stdin):
-    if row["action"].startswith("NOT IMPLEMENTED"):
+    if row["action"].startswith(("stops:", "not reached")):
         break
     built.append(row["phase"])
 print(built[-1])')
 echo "running every built phase, up to $last"
 "$gpuboot" up "$inventory" --to "$last"
 "$gpuboot" status "$inventory"
-echo "kubeconfig (0600): .gpuboot/lab/admin.conf — the API through the VIP"
+echo "kubeconfig (0600): inventories/lab/.gpuboot/lab/admin.conf — the API through the VIP"

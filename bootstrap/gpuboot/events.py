@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 HostStatus = Literal["ok", "changed", "failed", "unreachable", "skipped", "ignored"]
 
@@ -32,6 +32,7 @@ class PhaseStarted(Event):
     hosts: list[str]
     index: int
     total: int
+    reason: str = ""  # why it runs (what a host no longer shows, changed inputs, ...)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class HostResult(Event):
     task: str
     status: HostStatus
     message: str = ""
+    data: Any = None
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from gpuboot.errors import LockedError
 STATE_ENV = "GPUBOOT_STATE_DIR"
 
 
-def state_root(explicit: str | Path | None = None) -> Path:
-    return Path(explicit or os.environ.get(STATE_ENV) or ".gpuboot").resolve()
+def state_root(explicit: str | Path | None = None, default: str | Path = ".gpuboot") -> Path:
+    return Path(explicit or os.environ.get(STATE_ENV) or default).resolve()
 
 
 def new_run_id() -> str:

@@ -26,7 +26,7 @@ def test_render_sample_matches_golden(tmp_path, capsys):
     assert "gpu01/etc/modprobe.d/gpuboot-blacklist-nouveau.conf" in got
     assert "cp01/etc/modprobe.d/gpuboot-blacklist-nouveau.conf" not in got
     # Secrets are references: the credential files' paths, never their content.
-    assert "credentials_file: /etc/gpuboot/secrets/mirror-credentials.json" in got["cluster/gpuboot.yml"]
+    assert "credentials_file: /etc/gpuboot/secrets/mirror-credentials.json" in got["cluster/settings.yml"]
     nvcr = got["gpu01/etc/containerd/certs.d/nvcr.io/hosts.toml"]
     assert "<secret: Basic credentials read from /etc/gpuboot/secrets/mirror-credentials.json>" in nvcr
     # Air-gapped: the mirror is the server, so a miss never falls back to the internet.
@@ -45,3 +45,20 @@ def test_render_unknown_or_unrenderable_phase(tmp_path, capsys):
     assert "no such phase" in capsys.readouterr().err
     assert run(["render", str(SAMPLE), "--phase", "cni", "--out", str(tmp_path)]) == 2
     assert "nothing to render yet" in capsys.readouterr().err
+
+
+def test_external_endpoint_port_is_the_models_in_the_rendered_kubeadm_config(tmp_path):
+    """Regression: the model said 6443 for mode external while a second copy of the defaults
+    made kubeadm's controlPlaneEndpoint :8443. Now Ansible only ever sees the model's value."""
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        "all:\n"
+        "  vars:\n"
+        "    gpuboot: {cluster_name: ext, release: k8s-1.34,\n"
+        "              control_plane: {vip: 10.0.0.100, mode: external}, networking: {cni: bridge}}\n"
+        "  children:\n"
+        "    control_plane: {hosts: {cp1: {ansible_host: 10.0.0.11}}}\n")
+    out = tmp_path / "out"
+    assert run(["render", str(inventory), "--phase", "control_plane_init", "--out", str(out)]) == 0
+    config = (out / "cp1/etc/kubernetes/gpuboot/kubeadm-config.yaml").read_text()
+    assert 'controlPlaneEndpoint: "10.0.0.100:6443"' in config

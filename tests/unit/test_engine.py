@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -28,19 +30,37 @@ def run(cluster, tmp_path, runner, **options):
     return engine.run(PHASES), events, state
 
 
-def test_success_records_state_and_rerun_skips_up_to_date_phases(cluster, tmp_path):
+def test_success_records_state_and_rerun_skips_converged_phases(cluster, tmp_path):
     runner = RunnerDouble({"preflight": ScriptedPhase({"cp01": "ok"}), "os_prep": ScriptedPhase({"cp01": "changed"})})
     finished, events, state = run(cluster, tmp_path, runner)
     assert finished.status == "ok" and finished.phases_run == ["preflight", "os_prep"]
     recorded = state.load()["phases"]
     assert recorded["os_prep"]["status"] == "ok" and recorded["os_prep"]["changed"] == 1
     assert Path(finished.log).read_text().count("PhaseFinished") == 2
+    # The hosts now hold os_prep's record; the lock was given back.
+    assert all(runner.hosts.records[h]["os_prep"] for h in ("cp01", "gpu01", "cpu01"))
+    assert runner.hosts.lock is None
 
     again, events, _ = run(cluster, tmp_path, runner)
     assert again.phases_run == []
     assert [e.phase for e in events if isinstance(e, PhaseSkipped)] == ["preflight", "os_prep"]
     forced, _, _ = run(cluster, tmp_path, runner, force=True)
     assert forced.phases_run == ["preflight", "os_prep"]
+
+
+def test_a_host_that_lost_a_phase_result_reruns_it_without_force(cluster, tmp_path):
+    runner = RunnerDouble()
+    run(cluster, tmp_path, runner)
+    runner.hosts.broken[("gpu02", "os_prep")] = "/etc/sysctl.d/90-gpuboot.conf is missing"
+    finished, events, _ = run(cluster, tmp_path, runner)
+    assert finished.phases_run == ["preflight", "os_prep"]  # preflight runs before a phase that changes hosts
+    started = next(e for e in events if isinstance(e, PhaseStarted) and e.phase == "os_prep")
+    assert started.reason == "gpu02: /etc/sysctl.d/90-gpuboot.conf is missing"
+    # A re-imaged node (no records at all) is found the same way.
+    runner.hosts.records.pop("cp02")
+    finished, events, _ = run(cluster, tmp_path, runner)
+    assert finished.phases_run == ["preflight", "os_prep"]
+    assert run(cluster, tmp_path, runner)[0].phases_run == []
 
 
 def test_failure_stops_and_names_hosts_task_message_and_resume(cluster, tmp_path):
@@ -62,9 +82,27 @@ def test_failure_stops_and_names_hosts_task_message_and_resume(cluster, tmp_path
 def test_inputs_change_reruns_the_phase(cluster, tmp_path):
     runner = RunnerDouble()
     run(cluster, tmp_path, runner)
-    changed = cluster.model_copy(update={"source_files": cluster.source_files + (str(ROOT / "README.md"),)})
-    finished, _, _ = run(changed, tmp_path, runner)
+    networking = cluster.settings.networking.model_copy(update={"dns_domain": "cluster.example"})
+    changed = cluster.model_copy(update={"settings": cluster.settings.model_copy(update={"networking": networking})})
+    finished, events, _ = run(changed, tmp_path, runner)
     assert finished.phases_run == ["preflight", "os_prep"]
+    assert "inputs changed" in next(e for e in events if isinstance(e, PhaseStarted) and e.phase == "os_prep").reason
+
+
+def test_editing_one_role_reruns_only_the_phases_that_use_it(cluster, tmp_path, monkeypatch):
+    copy = tmp_path / "content"
+    for part in ("playbooks", "roles", "mirror"):
+        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("molecule"))
+    monkeypatch.setenv("GPUBOOT_CONTENT_DIR", str(copy))
+    phases = [p for p in UP if p.name in ("preflight", "os_prep", "container_runtime")]
+    runner = RunnerDouble()
+    state = ClusterState.for_cluster(tmp_path / "state", cluster.settings.cluster_name)
+    assert Engine(cluster, state, RunOptions(), lambda e: None, runner=runner).run(phases).phases_run == \
+        ["preflight", "os_prep", "container_runtime"]
+    tasks = copy / "roles" / "container_runtime" / "tasks" / "main.yml"
+    tasks.write_text(tasks.read_text() + "\n# an edit\n")
+    again = Engine(cluster, state, RunOptions(), lambda e: None, runner=runner).run(phases)
+    assert again.phases_run == ["preflight", "container_runtime"]
 
 
 def test_second_run_on_a_locked_cluster_is_refused(cluster, tmp_path):
@@ -72,6 +110,29 @@ def test_second_run_on_a_locked_cluster_is_refused(cluster, tmp_path):
     with state.lock("test holder"):
         with pytest.raises(LockedError, match="test holder"):
             run(cluster, tmp_path, RunnerDouble())
+
+
+def test_the_lock_on_the_first_control_plane_refuses_a_run_from_elsewhere(cluster, tmp_path):
+    runner = RunnerDouble()
+    other = {"run_id": "20261123T010203-beef", "who": "alice", "where": "ops-laptop-7", "pid": 4242,
+             "since": "2026-11-23T01:02:03+0000", "command": "up", "state_dir": "/home/alice/.gpuboot"}
+    runner.hosts.lock = dict(other)
+    # A second state directory: the local lock is free, the one on cp01 is not.
+    with pytest.raises(LockedError) as info:
+        run(cluster, tmp_path / "elsewhere", runner)
+    text = str(info.value)
+    assert "alice@ops-laptop-7" in text and "since 2026-11-23T01:02:03+0000" in text and "cp01" in text
+    assert "gpuboot unlock" in text
+    assert runner.hosts.lock == other  # untouched
+    assert [c.ident for c in runner.calls] == ["state-begin"]  # no phase ran
+
+
+def test_a_lock_left_by_a_dead_run_on_this_machine_is_taken_over(cluster, tmp_path):
+    runner = RunnerDouble()
+    runner.hosts.lock = {"run_id": "20261123T010203-dead", "who": "root", "where": socket.gethostname(),
+                         "pid": 2 ** 22 + 17, "since": "2026-11-23T01:02:03+0000", "command": "up"}
+    finished, _, _ = run(cluster, tmp_path, runner)
+    assert finished.status == "ok" and runner.hosts.lock is None
 
 
 def test_ctrl_c_cancels_the_running_playbook_and_says_how_to_resume(cluster, tmp_path):
@@ -89,6 +150,8 @@ def test_ctrl_c_cancels_the_running_playbook_and_says_how_to_resume(cluster, tmp
     assert "--from preflight" in finished.resume
     assert isinstance(events[-1], RunFinished)
     assert [e.phase for e in events if isinstance(e, PhaseStarted)] == ["preflight"]
+    assert runner.hosts.lock is None  # given back
+    assert "preflight" not in runner.hosts.records.get("cp01", {})
 
 
 def test_check_mode_never_records_or_skips(cluster, tmp_path):
@@ -97,3 +160,4 @@ def test_check_mode_never_records_or_skips(cluster, tmp_path):
     finished, _, state = run(cluster, tmp_path, runner, check=True, force=True)
     assert finished.phases_run == ["preflight", "os_prep"]
     assert all(call.check for call in runner.calls[-2:])
+    assert not any(c.ident.startswith("state-") for c in runner.calls[-2:])  # check mode asks no host

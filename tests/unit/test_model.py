@@ -162,15 +162,21 @@ def test_check_files_reports_missing_secret_files(tmp_path):
     load_cluster(inv, check_files=True)
 
 
-def test_model_defaults_match_the_playbook_defaults():
-    """Plain ansible-playbook runs read playbooks/group_vars; both must agree."""
-    data = yaml.safe_load((ROOT / "playbooks/group_vars/all/gpuboot_defaults.yml").read_text())["gpuboot_defaults"]
-    minimal = GpubootSettings.model_validate(
-        {"cluster_name": "x", "release": "k8s-1.34", "control_plane": {"vip": "10.0.0.1"}})
-    dumped = minimal.model_dump(mode="json")
-    for section in ("networking", "ssh", "mirror"):
-        assert dumped[section] == data[section], section
-    for key, value in data["control_plane"].items():
-        assert dumped["control_plane"][key] == value, key
-    assert dumped["gitops"] == data["gitops"] and dumped["tenants"] == data["tenants"]
-    assert set(GpubootSettings.model_fields) - {"cluster_name", "release"} == set(data)
+def test_the_model_is_the_one_owner_of_defaults(tmp_path):
+    """No playbook variable file restates a default of the settings: Ansible gets the
+    validated model as data (gpuboot_settings, gpuboot_nodes)."""
+    for path in (ROOT / "playbooks").rglob("*.yml"):
+        text = path.read_text()
+        assert "gpuboot_defaults" not in text, path
+        assert "combine(gpuboot" not in text, path
+    minimal = load_cluster(write(tmp_path, """\
+        all:
+          vars:
+            gpuboot: {cluster_name: x, release: k8s-1.34, control_plane: {vip: 10.0.0.1, mode: external}}
+          children:
+            control_plane: {hosts: {cp1: {ansible_host: 10.0.0.11}}}
+        """))
+    data = minimal.extravars()
+    assert data["gpuboot_settings"]["control_plane"]["port"] == 6443  # external: the API servers' port
+    assert data["gpuboot_settings"]["networking"]["cni"] == "calico"
+    assert data["gpuboot_nodes"] == {"cp1": {"gpu": None, "nics": []}}

@@ -24,9 +24,8 @@ def test_catalog_order_is_the_documented_one():
 def test_every_phase_playbook_exists_and_targets_its_hosts(phase):
     plays = yaml.safe_load(phase.path.read_text())
     assert plays, phase.path
-    # The phase's hosts are what one of its plays targets (others may run on the first
-    # control plane for the cluster-wide steps).
-    assert phase.hosts in [play["hosts"] for play in plays]
+    # The playbook states the hosts once; the phase's hosts are the union of its plays'.
+    assert phase.hosts.split(":") == list(dict.fromkeys(p for play in plays for p in play["hosts"].split(":")))
     for play in plays:
         for task in play.get("tasks", []):
             assert task["name"].startswith(phase.name) or task["name"].split(" | ")[0], task
@@ -36,6 +35,26 @@ def test_up_yml_imports_every_phase_in_catalog_order():
     imports = [entry["ansible.builtin.import_playbook"]
                for entry in yaml.safe_load((ROOT / "playbooks" / "up.yml").read_text())]
     assert imports == [p.playbook for p in UP]
+
+
+def test_phases_say_when_they_are_not_built_for_the_settings():
+    by = {p.name: p for p in UP}
+    cluster = load_cluster(ROOT / "inventories" / "sample" / "inventory.yml")
+    settings = cluster.settings
+    assert by["cni"].stops_because(settings) == "calico is not built yet"
+    bridge = settings.model_copy(update={"networking": settings.networking.model_copy(update={"cni": "bridge"})})
+    assert by["cni"].stops_because(bridge) is None
+    kube_vip = settings.model_copy(update={"control_plane": settings.control_plane.model_copy(update={"mode": "kube_vip"})})
+    assert by["ha_endpoint"].stops_because(kube_vip) == "kube_vip is not built yet"
+    assert by["ha_endpoint"].stops_because(settings) is None
+    assert by["gitops_handoff"].stops_because(settings) == "gitops_handoff is not built yet"
+
+
+def test_phase_roles_come_from_its_playbook():
+    by = {p.name: p for p in UP}
+    assert by["container_runtime"].roles == ("container_runtime",)
+    assert by["control_plane_join"].roles == ("kubeadm_join",)
+    assert "bridge_cni" in by["cni"].roles
 
 
 def test_unbuilt_phases_say_so_and_fail_loudly():

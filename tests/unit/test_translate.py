@@ -39,9 +39,16 @@ def test_failed_loop_item_message_is_found():
     assert event.message == "item two broke"
 
 
-def test_long_messages_are_cut():
-    event = translate(ev("runner_on_failed", host="h1", task="t", res={"stderr": "x" * 5000}))
-    assert len(event.message) < 700
+def test_long_messages_are_kept_whole():
+    """A preflight summary lists every problem on every host: cutting it loses the fix."""
+    summary = "\n".join(f"gpu{i:02d}: /var has 3 GiB free, needs 50 GiB (free space on /var)" for i in range(40))
+    event = translate(ev("runner_on_failed", host="h1", task="t", res={"msg": summary}))
+    assert event.message == summary
+
+
+def test_gpuboot_modules_return_structured_data():
+    event = translate(ev("runner_on_ok", host="h1", task="t", res={"changed": False, "gpuboot_result": {"a": []}}))
+    assert event.data == {"a": []} and event.status == "ok"
 
 
 def test_stats():

@@ -67,6 +67,18 @@ def _scrub_command_record(path: Path) -> None:
     path.write_text(json.dumps(record))
 
 
+def _extravars_file(request: PlaybookRun) -> str | None:
+    """Extra variables go to ansible-playbook as a file (`-e @file`): the settings of a
+    2,000-node inventory are larger than one command-line argument may be (128 KiB)."""
+    if not request.extravars:
+        return None
+    path = request.artifact_dir / f"{request.ident}.extravars.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(request.extravars, handle)
+    return str(path)
+
+
 def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
                  cancel: threading.Event | None = None) -> PlaybookResult:
     request.artifact_dir.mkdir(parents=True, exist_ok=True)
@@ -83,7 +95,7 @@ def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
         ident=request.ident,
         playbook=str(request.playbook),
         inventory=str(request.inventory),
-        extravars=dict(request.extravars),
+        extravars=_extravars_file(request),
         envvars={"PATH": _path_with_this_python(), **request.envvars},
         fact_cache=str(request.fact_cache) if request.fact_cache else None,
         limit=request.limit,

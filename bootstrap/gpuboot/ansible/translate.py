@@ -5,8 +5,6 @@ from typing import Any
 
 from gpuboot.events import Event, HostCounts, HostResult, PlaybookStats, PlayStarted, TaskStarted
 
-MAX_MESSAGE = 600
-
 
 def _message(res: Any) -> str:
     """The part of a module result a person needs; never the whole result."""
@@ -17,9 +15,8 @@ def _message(res: Any) -> str:
     for key in ("msg", "stderr", "reason", "exception"):
         value = res.get(key)
         if value:
-            text = value if isinstance(value, str) else str(value)
-            text = text.strip()
-            return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + " ..."
+            # Whole: a summary that lists every problem is useless cut short.
+            return (value if isinstance(value, str) else str(value)).strip()
     results = res.get("results")
     if isinstance(results, list):
         for item in results:
@@ -29,11 +26,14 @@ def _message(res: Any) -> str:
 
 
 def _host_result(data: dict, status: str) -> HostResult:
+    res = data.get("res")
     return HostResult(
         host=str(data.get("host", "?")),
         task=str(data.get("task", "")),
         status=status,  # type: ignore[arg-type]
-        message=_message(data.get("res")) if status in ("failed", "unreachable", "ignored") else "",
+        message=_message(res) if status in ("failed", "unreachable", "ignored") else "",
+        # gpuboot's own modules return structured data under this key (never secrets).
+        data=res.get("gpuboot_result") if isinstance(res, dict) else None,
     )
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from gpuboot import __version__
 from gpuboot.config.loader import load_cluster
-from gpuboot.errors import GpubootError
+from gpuboot.errors import GpubootError, UsageError
 from gpuboot.phases.catalog import UP
 from gpuboot.phases.select import Selection, select
 from gpuboot.state import ClusterState, state_root
@@ -19,9 +19,19 @@ from gpuboot.state import ClusterState, state_root
 
 class App:
     def __init__(self, state_dir: str | None) -> None:
+        self.explicit_state_dir = state_dir
+        # The lab's own files (no inventory yet): --state-dir, GPUBOOT_STATE_DIR or ./.gpuboot.
         self.state_dir = state_root(state_dir)
-        self.console = Console(highlight=False)
-        self.err = Console(stderr=True, highlight=False)
+        # Never wrap: output to a pipe or a file keeps each message on its line.
+        self.console = Console(highlight=False, soft_wrap=True)
+        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+    def cluster_state(self, cluster) -> ClusterState:
+        """A cluster's state lives beside its inventory (<inventory dir>/.gpuboot/<cluster>), so
+        every operator using that inventory, from any directory, shares runs and the lock;
+        --state-dir or GPUBOOT_STATE_DIR moves the root."""
+        root = state_root(self.explicit_state_dir, default=Path(cluster.inventory).resolve().parent / ".gpuboot")
+        return ClusterState.for_cluster(root, cluster.settings.cluster_name)
 
 
 pass_app = click.make_pass_decorator(App)
@@ -31,7 +41,7 @@ inventory_arg = click.argument("inventory", type=click.Path(dir_okay=False))
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpuboot")
 @click.option("--state-dir", envvar="GPUBOOT_STATE_DIR", default=None,
-              help="Where runs and state are kept (default ./.gpuboot).")
+              help="Where runs and state are kept (default: .gpuboot beside the inventory).")
 @click.pass_context
 def cli(ctx: click.Context, state_dir: str | None) -> None:
     """Bare-metal GPU Kubernetes clusters from an Ansible inventory."""
@@ -82,7 +92,7 @@ def plan(app: App, inventory: str, from_phase, to_phase, only, skip, check: bool
     from gpuboot.phases.planning import describe
     cluster = load_cluster(inventory)
     phases = select(UP, Selection(from_phase, to_phase, tuple(only), tuple(skip)))
-    state = ClusterState.for_cluster(app.state_dir, cluster.settings.cluster_name)
+    state = app.cluster_state(cluster)
     rows = describe(cluster, phases, state)
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
@@ -136,7 +146,7 @@ def _run(app: App, cluster, phases, output: str, *, check: bool, diff: bool, for
         app.err.print("[yellow]warning: SSH host-key checking is OFF for this run "
                       "(--insecure-skip-host-key-check)[/]")
     sink = JsonLines() if output == "json" else ConsoleProgress(app.console)
-    state = ClusterState.for_cluster(app.state_dir, cluster.settings.cluster_name)
+    state = app.cluster_state(cluster)
     options = RunOptions(command=command, check=check, diff=diff, force=force,
                          host_key_checking=host_key_checking, verbosity=verbosity)
     finished = Engine(cluster, state, options, sink).run(phases)
@@ -152,7 +162,7 @@ def render(app: App, inventory: str, phases: tuple[str, ...], out: str) -> None:
     """Write every configuration file the phases would produce, touching no host."""
     from gpuboot.phases.render import render as render_files
     cluster = load_cluster(inventory)
-    state = ClusterState.for_cluster(app.state_dir, cluster.settings.cluster_name)
+    state = app.cluster_state(cluster)
     files = render_files(cluster, Path(out), phases, state, lambda event: None)
     root = Path(out).resolve()
     for path in files:
@@ -167,7 +177,7 @@ def render(app: App, inventory: str, phases: tuple[str, ...], out: str) -> None:
 def status(app: App, inventory: str, output: str) -> None:
     """Show the last runs and what each phase did."""
     cluster = load_cluster(inventory)
-    data = ClusterState.for_cluster(app.state_dir, cluster.settings.cluster_name).load()
+    data = app.cluster_state(cluster).load()
     if output == "json":
         click.echo(json.dumps(data, indent=2))
         return
@@ -181,25 +191,67 @@ def status(app: App, inventory: str, output: str) -> None:
                           f"({', '.join(run['phases']) or 'no phases run'}; {run['seconds']}s)")
 
 
+def _wants_json(argv: list[str]) -> bool:
+    return any(a == "--output=json" or (a == "--output" and i + 1 < len(argv) and argv[i + 1] == "json")
+               for i, a in enumerate(argv))
+
+
+def _error_json(exc: Exception, code: int) -> str:
+    """An error as the one JSON document on stdout (`--output json`)."""
+    body: dict = {"error": {"kind": type(exc).__name__, "exit_code": code,
+                            "message": getattr(exc, "message", str(exc)), "fix": getattr(exc, "hint", None)}}
+    problems = getattr(exc, "problems", None)
+    if problems:
+        body["error"]["problems"] = [{"file": p.file, "line": p.line, "path": p.path, "message": p.message,
+                                      "fix": p.fix} for p in problems]
+    return json.dumps(body)
+
+
+@cli.command()
+@inventory_arg
+@click.option("--yes-the-run-is-gone", "confirmed", is_flag=True,
+              help="Confirm that the run holding the lock is not running any more.")
+@pass_app
+def unlock(app: App, inventory: str, confirmed: bool) -> None:
+    """Remove the cluster lock on the first control plane left by a run that died."""
+    from gpuboot.phases.engine import unlock_cluster
+    if not confirmed:
+        raise UsageError("unlock removes another run's lock: only when that run is gone",
+                         hint=f"gpuboot unlock {inventory} --yes-the-run-is-gone")
+    cluster = load_cluster(inventory, check_files=True)
+    holder = unlock_cluster(cluster, app.cluster_state(cluster))
+    app.console.print(f"unlocked cluster {cluster.settings.cluster_name}" +
+                      (f" (was held by {holder})" if holder else " (it was not locked)"))
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code: the one place typed errors become codes."""
     import gpuboot.cli.lab  # noqa: F401  (registers `gpuboot lab`)
     import gpuboot.cli.mirror  # noqa: F401  (registers `gpuboot mirror`)
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = _wants_json(args)
+
+    def report(exc: Exception, code: int, text: str) -> int:
+        if as_json:
+            click.echo(_error_json(exc, code))
+        else:
+            click.echo(text, err=True)
+        return code
+
     try:
-        result = cli.main(args=argv, prog_name="gpuboot", standalone_mode=False)
+        result = cli.main(args=args, prog_name="gpuboot", standalone_mode=False)
         return result if isinstance(result, int) else 0
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 130
+    except click.exceptions.Abort as exc:
+        return report(exc, 130, "aborted")
     except click.ClickException as exc:
+        if as_json:
+            return report(exc, exc.exit_code, "")
         exc.show()
         return exc.exit_code
     except GpubootError as exc:
-        click.echo(f"error: {exc}", err=True)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        return 130
+        return report(exc, exc.exit_code, f"error: {exc}")
+    except KeyboardInterrupt as exc:
+        return report(exc, 130, "interrupted")
 
 
 def main() -> None:

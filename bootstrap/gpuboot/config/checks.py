@@ -8,7 +8,7 @@ from ipaddress import IPv4Address, ip_address
 from pathlib import Path
 from typing import Any
 
-from gpuboot.config.inventory import RawInventory, Where
+from gpuboot.config.inventory import AnsibleInventory, Where
 from gpuboot.config.model import DNS_LABEL, SECRET_KEY, GpubootSettings, Node
 from gpuboot.errors import Problem
 
@@ -16,6 +16,11 @@ SSH_PASSWORD_VARS = {"ansible_password", "ansible_ssh_pass", "ansible_ssh_passwo
                      "ansible_become_password", "ansible_become_pass", "ansible_sudo_pass"}
 SECRET_MARKERS = ("-----BEGIN", "$ANSIBLE_VAULT")
 CLUSTER_GROUPS = ("control_plane", "workers")
+# Every host belongs to one of these, or is named in gpuboot.ignored_hosts.
+GPUBOOT_GROUPS = ("control_plane", "workers", "gpu_workers", "bastion", "mirror")
+# A DNS name: labels of letters, digits and '-', separated by dots.
+HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*\.?$")
+KERNEL = re.compile(r"^([0-9]+)\.([0-9]+)(\.([0-9]+))?([-.+_~][A-Za-z0-9._+~-]*)?$")
 
 
 def inline_secrets(data: Any, where: Where, prefix: str, path: tuple = ()) -> list[Problem]:
@@ -34,7 +39,7 @@ def inline_secrets(data: Any, where: Where, prefix: str, path: tuple = ()) -> li
     elif isinstance(data, list):
         for index, item in enumerate(data):
             found += inline_secrets(item, where, prefix, (*path, index))
-    elif isinstance(data, str) and any(m in data for m in SECRET_MARKERS):
+    elif type(data).__name__ == "EncryptedString" or (isinstance(data, str) and any(m in data for m in SECRET_MARKERS)):
         dotted = ".".join(str(p) for p in (prefix, *path))
         found.append(Problem(where.file, where.child(*path).line, dotted,
                              "key material or a vaulted secret is written inline",
@@ -42,11 +47,22 @@ def inline_secrets(data: Any, where: Where, prefix: str, path: tuple = ()) -> li
     return found
 
 
-def groups_and_nodes(inv: RawInventory, nodes: list[Node]) -> list[Problem]:
+def groups_and_nodes(inv: AnsibleInventory, nodes: list[Node], settings: GpubootSettings | None) -> list[Problem]:
     problems: list[Problem] = []
     file = str(inv.path)
     cps = [n for n in nodes if "control_plane" in n.groups]
-    if "gpu_workers" in inv.groups and "workers" not in inv.ancestors("gpu_workers"):
+    ignored: set[str] = set()
+    for pattern in settings.ignored_hosts if settings else []:
+        ignored |= set(inv.hosts_matching(pattern))
+    for node in nodes:
+        if not node.groups & set(GPUBOOT_GROUPS) and node.name not in ignored:
+            own = sorted(node.groups - {"all", "ungrouped"})
+            problems.append(Problem(node.file, node.line, node.name,
+                                    f"host is in no gpuboot group ({', '.join(own) or 'in no group at all'}), "
+                                    "so gpuboot would leave it out",
+                                    f"add it to one of {', '.join(GPUBOOT_GROUPS)}, or list it (or its group) "
+                                    "under gpuboot.ignored_hosts"))
+    if "gpu_workers" in inv.group_children and "workers" not in inv.ancestors("gpu_workers"):
         problems.append(Problem(file, None, "gpu_workers", "gpu_workers must be a child group of workers",
                                 "move gpu_workers under workers.children"))
     if not cps:
@@ -61,10 +77,13 @@ def groups_and_nodes(inv: RawInventory, nodes: list[Node]) -> list[Problem]:
     for node in nodes:
         by_lower[node.name.lower()].append(node)
         in_cluster = node.groups & set(CLUSTER_GROUPS)
-        if in_cluster and not re.match(DNS_LABEL, node.name.split(".")[0]):
+        bad_labels = [label for label in node.name.split(".") if not re.match(DNS_LABEL, label)]
+        if in_cluster and (bad_labels or len(node.name) > 253):
+            shown = ", ".join(repr(label) for label in bad_labels) or "the whole name is over 253 characters"
             problems.append(Problem(node.file, node.line, node.name,
-                                    "host name is not a valid Kubernetes node name",
-                                    "use lowercase letters, digits and '-' (e.g. gpu-node-01)"))
+                                    f"host name is not a valid Kubernetes node name ({shown})",
+                                    "use lowercase letters, digits and '-' in every dot-separated part "
+                                    "(e.g. gpu-node-01 or h200-04.site-a.internal)"))
         if {"control_plane", "workers"} <= node.groups:
             problems.append(Problem(node.file, node.line, node.name,
                                     "host is in both control_plane and workers",
@@ -78,11 +97,7 @@ def groups_and_nodes(inv: RawInventory, nodes: list[Node]) -> list[Problem]:
             problems.append(Problem(node.file, node.line, f"{node.name}.gpuboot_node.nics",
                                     "RDMA/SR-IOV NICs on a host that is not a worker",
                                     "NIC settings belong on workers (usually gpu_workers)"))
-        resources = [nic.resource_name for nic in node.settings.nics]
-        for dup in sorted({r for r in resources if resources.count(r) > 1}):
-            problems.append(Problem(node.file, node.line, f"{node.name}.gpuboot_node.nics",
-                                    f"resource_name {dup} is used by two NICs",
-                                    "give each NIC its own resource_name"))
+        problems += _nic_duplicates(node)
     for name, same in by_lower.items():
         if len(same) > 1:
             problems.append(Problem(same[1].file, same[1].line, same[1].name,
@@ -98,6 +113,35 @@ def groups_and_nodes(inv: RawInventory, nodes: list[Node]) -> list[Problem]:
                                     f"address {address} is also used by {same[0].name}",
                                     "give every node its own ansible_host"))
     return problems
+
+
+def _nic_duplicates(node: Node) -> list[Problem]:
+    """A port, a PCI address, a NIC name or a resource may be claimed by one NIC only."""
+    problems: list[Problem] = []
+    for what, values, fix in (
+            ("NIC name", [nic.name for nic in node.settings.nics], "give each NIC its own name"),
+            ("resource_name", [nic.resource_name for nic in node.settings.nics], "give each NIC its own resource_name"),
+            ("PF", [pf for nic in node.settings.nics for pf in nic.pf_names], "list each port under one NIC, once"),
+            ("PCI address", [a.lower() for nic in node.settings.nics for a in nic.pci_addresses],
+             "list each PCI address under one NIC, once")):
+        for dup in sorted({v for v in values if values.count(v) > 1}):
+            problems.append(Problem(node.file, node.line, f"{node.name}.gpuboot_node.nics",
+                                    f"{what} {dup} appears {values.count(dup)} times on this node", fix))
+    return problems
+
+
+def host_address(name: str, address: str, where: Where) -> list[Problem]:
+    """ansible_host must be an IP address or a DNS name: anything else reaches ssh and configs."""
+    if _ip(address) is not None or HOSTNAME.match(address):
+        return []
+    try:
+        ip_address(address)
+        return []
+    except ValueError:
+        pass
+    return [Problem(where.file, where.line, f"{name}.ansible_host",
+                    f"{address!r} is neither an IP address nor a DNS name",
+                    "write the node's address (e.g. 10.20.1.21) or its DNS name")]
 
 
 def _ip(value: str) -> IPv4Address | None:
@@ -143,7 +187,7 @@ def resolve_path(path: str, inventory_dir: Path) -> Path:
     return p if p.is_absolute() else inventory_dir / p
 
 
-def references(settings: GpubootSettings, nodes: list[Node], where: Where, inv: RawInventory,
+def references(settings: GpubootSettings, nodes: list[Node], where: Where, inventory: Path,
                *, check_files: bool) -> list[Problem]:
     problems: list[Problem] = []
     jump = settings.ssh.jump_host
@@ -161,7 +205,7 @@ def references(settings: GpubootSettings, nodes: list[Node], where: Where, inv: 
     if settings.gitops:
         refs.append((("gitops", "credentials_file"), settings.gitops.credentials_file))
     for path, value in refs:
-        if value and not resolve_path(value, inv.path.parent).is_file():
+        if value and not resolve_path(value, inventory.parent).is_file():
             problems.append(Problem(where.file, where.child(*path).line, "gpuboot." + ".".join(path),
                                     f"file {value} does not exist",
                                     "create it, or fix the path (relative paths start at the inventory's folder)"))
@@ -178,6 +222,19 @@ def node_os(settings: GpubootSettings, release, where: Where) -> list[Problem]:
         problems.append(Problem(where.file, where.child("node_os", "id").line, "gpuboot.node_os.id",
                                 f"{declared.id} is not supported by release {release.name}",
                                 f"use one of: {', '.join(release.supported_os)}"))
+    min_kernel = getattr(release, "min_kernel", None) or (release.model_extra or {}).get("min_kernel")
+    for index, kernel in enumerate(declared.kernels):
+        path = ("node_os", "kernels", index)
+        version = kernel_version(kernel)
+        if version is None:
+            problems.append(Problem(where.file, where.child(*path).line, f"gpuboot.node_os.kernels[{index}]",
+                                    f"{kernel!r} is not a kernel release string",
+                                    "write what `uname -r` prints on the node, e.g. 5.15.0-1048-nvidia"))
+        elif min_kernel and version < kernel_version(str(min_kernel)):
+            problems.append(Problem(where.file, where.child(*path).line, f"gpuboot.node_os.kernels[{index}]",
+                                    f"kernel {kernel} is older than {min_kernel}, the oldest release {release.name} "
+                                    "supports (GPUDirect over DMA-BUF needs it)",
+                                    f"upgrade the nodes to a kernel {min_kernel} or newer and list that one"))
     if settings.drivers.precompiled and not declared.kernels:
         problems.append(Problem(where.file, where.child("drivers", "precompiled").line,
                                 "gpuboot.drivers.precompiled",
@@ -186,8 +243,39 @@ def node_os(settings: GpubootSettings, release, where: Where) -> list[Problem]:
     return problems
 
 
-def tenants(settings: GpubootSettings, where: Where) -> list[Problem]:
+def kernel_version(kernel: str) -> tuple[int, int, int] | None:
+    match = KERNEL.match(kernel)
+    if not match:
+        return None
+    return int(match.group(1)), int(match.group(2)), int(match.group(4) or 0)
+
+
+def declared_gpus(nodes: list[Node]) -> int | None:
+    """What the inventory's GPU workers offer as nvidia.com/gpu (time-slicing multiplies it);
+    None when a GPU worker does not say how many GPUs it has."""
+    total = 0
+    for node in nodes:
+        if "gpu_workers" not in node.groups:
+            continue
+        gpu = node.settings.gpu
+        if gpu is None or gpu.count is None:
+            return None
+        total += gpu.count * (gpu.time_slicing_replicas or 1)
+    return total
+
+
+def tenants(settings: GpubootSettings, nodes: list[Node], where: Where) -> list[Problem]:
     problems: list[Problem] = []
+    asked = sum(t.quota.gpu for t in settings.tenants)
+    offered = declared_gpus(nodes)
+    if settings.tenants and offered is not None and asked > offered:
+        index = max(range(len(settings.tenants)), key=lambda i: settings.tenants[i].quota.gpu)
+        shares = ", ".join(f"{t.name} {t.quota.gpu}" for t in settings.tenants if t.quota.gpu)
+        problems.append(Problem(where.file, where.child("tenants", index, "quota", "gpu").line,
+                                f"gpuboot.tenants[{index}].quota.gpu",
+                                f"the tenants' GPU quotas add up to {asked} ({shares}), but the GPU workers "
+                                f"declare {offered} (gpu.count x time_slicing_replicas)",
+                                "lower the quotas or declare the GPUs the nodes really have"))
     seen: dict[str, int] = {}
     for index, tenant in enumerate(settings.tenants):
         if tenant.name in seen:

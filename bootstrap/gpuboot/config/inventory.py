@@ -1,206 +1,321 @@
-"""Reads an Ansible YAML inventory (plus group_vars/ and host_vars/ beside it) into
-hosts, groups and variables, remembering where each thing was written."""
+"""An inventory as Ansible itself reads it: hosts, groups, host ranges, INI or YAML,
+group_vars/ and host_vars/ beside it, variables merged in Ansible's own precedence.
+
+gpuboot adds only the location of each value: Ansible tags every value it loads with its
+origin (file, line), and a short scan of the inventory file finds where each host is
+written. This is the one module of gpuboot.config that imports Ansible."""
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuboot.config.yamlloc import LocatedDoc, load_located
+from gpuboot.config import yamlloc
 from gpuboot.errors import Problem
 
-GROUP_KEYS = {"hosts", "vars", "children"}
+# The inventory plugins an operator's file can be written for; `auto` (plugin configs)
+# is left out because it parses every YAML inventory a second time.
+ENABLED_PLUGINS = ("yaml", "ini", "toml")
+INVENTORY_ONLY = ("all_inventory", "groups_inventory", "all_plugins_inventory", "groups_plugins_inventory")
+
+
+def _ansible():
+    """Import Ansible lazily (about 0.5 s) and only here."""
+    from ansible import constants
+    from ansible._internal._datatag._tags import Origin
+    from ansible.errors import AnsibleError
+    from ansible.inventory.helpers import sort_groups
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.inventory import detect_range, expand_hostname_range
+    from ansible.plugins.loader import inventory_loader, vars_loader
+    from ansible.utils.vars import combine_vars
+    from ansible.vars.plugins import get_vars_from_inventory_sources
+    return locals()
 
 
 @dataclass
 class Where:
-    doc: LocatedDoc
-    path: tuple
+    """A value read by Ansible plus a path into it; file and line come from Ansible's
+    origin tags, from the deepest part of the path that exists."""
+
+    root: Any
+    path: tuple = ()
+    default_file: str = ""
+    default_line: int | None = None
+    # The variable's name as Ansible read it: its origin is the line the variable starts on.
+    name: Any = None
+
+    def _origin(self):
+        origin_type = _ansible()["Origin"]
+        found = origin_type.get_tag(self.name) or origin_type.get_tag(self.root)
+        value = self.root
+        for key in self.path:
+            if isinstance(value, dict):
+                match = next((k for k in value if k == key), None)
+                if match is None:
+                    break
+                found = origin_type.get_tag(match) or origin_type.get_tag(value[match]) or found
+                value = value[match]
+            elif isinstance(value, list) and isinstance(key, int) and 0 <= key < len(value):
+                value = value[key]
+                found = origin_type.get_tag(value) or found
+            else:
+                break
+        return found
 
     @property
     def file(self) -> str:
-        return self.doc.file
+        origin = self._origin()
+        return origin.path if origin is not None and origin.path else self.default_file
 
     @property
     def line(self) -> int | None:
-        return self.doc.line_of(self.path)
+        origin = self._origin()
+        if origin is not None and origin.path:
+            return origin.line_num
+        return self.default_line
 
     def child(self, *keys: Any) -> "Where":
-        return Where(self.doc, (*self.path, *keys))
+        return Where(self.root, (*self.path, *keys), self.default_file, self.default_line, self.name)
 
 
 @dataclass
-class RawHost:
+class InventoryHost:
     name: str
-    where: Where
-    vars: dict[str, Any] = field(default_factory=dict)
-    var_where: dict[str, Where] = field(default_factory=dict)
-    groups: set[str] = field(default_factory=set)
+    groups: tuple[str, ...]
+    vars: dict[str, Any]
+    file: str
+    line: int | None
+
+    def where(self, var: str) -> Where:
+        name = next((k for k in self.vars if k == var), None)
+        return Where(self.vars.get(var), (), self.file, self.line, name)
 
 
 @dataclass
-class RawGroup:
-    name: str
-    hosts: set[str] = field(default_factory=set)
-    children: set[str] = field(default_factory=set)
-    vars: dict[str, Any] = field(default_factory=dict)
-    var_where: dict[str, Where] = field(default_factory=dict)
-
-
-@dataclass
-class RawInventory:
+class AnsibleInventory:
     path: Path
-    hosts: dict[str, RawHost] = field(default_factory=dict)
-    groups: dict[str, RawGroup] = field(default_factory=dict)
-    files: list[str] = field(default_factory=list)
+    hosts: dict[str, InventoryHost] = field(default_factory=dict)
+    group_children: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    all_vars: dict[str, Any] = field(default_factory=dict)
+    # (variable, group or host name, Where) for every definition below the group `all`
+    scoped_definitions: list[tuple[str, str, Where]] = field(default_factory=list)
+    all_definitions: dict[str, list[Where]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
-    # (variable, earlier definition, later definition that replaced it at the same level)
-    shadowed: list[tuple[str, Where, Where]] = field(default_factory=list)
-
-    def group_members(self, group: str) -> set[str]:
-        """Hosts in a group or in any of its descendants."""
-        seen: set[str] = set()
-        members: set[str] = set()
-        stack = [group]
-        while stack:
-            g = stack.pop()
-            if g in seen or g not in self.groups:
-                continue
-            seen.add(g)
-            members |= self.groups[g].hosts
-            stack.extend(self.groups[g].children)
-        return members
+    files: list[str] = field(default_factory=list)
+    manager: Any = None
 
     def ancestors(self, group: str) -> set[str]:
-        parents = {g.name for g in self.groups.values() if group in g.children}
-        result = set(parents)
-        for p in parents:
-            result |= self.ancestors(p)
-        return result
-
-    def var_sources(self, name: str) -> list[tuple[Any, Where]]:
-        """Every place a variable is defined, at group or host level."""
-        found = [(g.vars[name], g.var_where[name]) for g in self.groups.values() if name in g.vars]
-        found += [(h.vars[name], h.var_where[name]) for h in self.hosts.values() if name in h.vars]
-        found += [(None, old) for key, old, _ in self.shadowed if key == name]
+        found: set[str] = set()
+        stack = [group]
+        while stack:
+            child = stack.pop()
+            for parent, children in self.group_children.items():
+                if child in children and parent not in found:
+                    found.add(parent)
+                    stack.append(parent)
         return found
 
-
-def _add_vars(target_vars: dict, target_where: dict, data: Any, where: Where, inv: RawInventory) -> None:
-    if data is None:
-        return
-    if not isinstance(data, dict):
-        inv.problems.append(Problem(where.file, where.line, ".".join(map(str, where.path)),
-                                    "vars must be a mapping of name: value"))
-        return
-    for key, value in data.items():
-        if key in target_where:
-            inv.shadowed.append((key, target_where[key], where.child(key)))
-        target_vars[key] = value
-        target_where[key] = where.child(key)
+    def hosts_matching(self, pattern: str) -> list[str]:
+        """Ansible's own host patterns (groups, `a:b`, `a:&b`, `a:!b`, `g[0]`, `g[1:]`)."""
+        if self.manager is None:
+            return []
+        return [h.name for h in self.manager.get_hosts(pattern=pattern, ignore_restrictions=True)]
 
 
-def _parse_group(name: str, body: Any, where: Where, inv: RawInventory, depth: int = 0) -> None:
-    group = inv.groups.setdefault(name, RawGroup(name))
-    if body is None:
-        return
-    dotted = ".".join(map(str, where.path))
-    if not isinstance(body, dict):
-        inv.problems.append(Problem(where.file, where.line, dotted,
-                                    "a group must be a mapping with hosts, vars or children",
-                                    "indent its hosts under `hosts:`"))
-        return
-    for key in body:
-        if key not in GROUP_KEYS:
-            inv.problems.append(Problem(where.file, where.child(key).line, f"{dotted}.{key}",
-                                        f"unknown group key '{key}'",
-                                        "a group holds only hosts:, vars: and children:"))
-    hosts = body.get("hosts") or {}
-    if not isinstance(hosts, dict):
-        inv.problems.append(Problem(where.file, where.child("hosts").line, f"{dotted}.hosts",
-                                    "hosts must be a mapping of host name to its variables",
-                                    "write `cp01:` with its variables indented below, not a list"))
-        hosts = {}
-    for host_name, host_vars in hosts.items():
-        host_name = str(host_name)
-        hwhere = where.child("hosts", host_name)
-        host = inv.hosts.get(host_name)
-        if host is None:
-            host = inv.hosts[host_name] = RawHost(host_name, hwhere)
-        group.hosts.add(host_name)
-        _add_vars(host.vars, host.var_where, host_vars, hwhere, inv)
-    _add_vars(group.vars, group.var_where, body.get("vars"), where.child("vars"), inv)
-    children = body.get("children") or {}
-    if not isinstance(children, dict):
-        inv.problems.append(Problem(where.file, where.child("children").line, f"{dotted}.children",
-                                    "children must be a mapping of group names"))
-        children = {}
-    if depth > 20:
-        return
-    for child_name, child_body in children.items():
-        group.children.add(str(child_name))
-        _parse_group(str(child_name), child_body, where.child("children", child_name), inv, depth + 1)
+class _Loader:
+    """Ansible's DataLoader without the defensive deep copy of a fresh parse (it doubles
+    the cost of a large inventory; the plugin owns the result anyway)."""
+
+    @staticmethod
+    def make():
+        base = _ansible()["DataLoader"]
+
+        class FastLoader(base):
+            def load_from_file(self, file_name, cache="all", unsafe=False, json_only=False, trusted_as_template=False):
+                return super().load_from_file(file_name, cache=cache, unsafe=unsafe or cache == "none",
+                                              json_only=json_only, trusted_as_template=trusted_as_template)
+        return FastLoader()
 
 
-def _vars_files(base: Path, name: str) -> list[Path]:
-    """group_vars/<name>.yml, .yaml, bare <name>, or every YAML file in group_vars/<name>/."""
-    found = [base / f"{name}{ext}" for ext in (".yml", ".yaml", "") if (base / f"{name}{ext}").is_file()]
-    directory = base / name
-    if directory.is_dir():
-        found += sorted(p for p in directory.rglob("*") if p.suffix in (".yml", ".yaml") and p.is_file())
-    return found
+_HOST_LINE_YAML = re.compile(r"^\s*(?:\?\s*)?['\"]?([^\s'\":#{}][^'\":]*?)['\"]?\s*:(?:\s|$)")
+_HOST_LINE_INI = re.compile(r"^\s*([^\s#;\[=][^\s=]*)(?:\s|$)")
 
 
-def _display(path: Path, root: Path) -> str:
+def _host_lines(path: Path, names: set[str], a: dict) -> dict[str, int]:
+    """Where each host is first written in the inventory file (ranges expanded)."""
+    lines: dict[str, int] = {}
     try:
-        return str(path.relative_to(root.parent)) if root.parent != Path(".") else str(path)
-    except ValueError:
-        return str(path)
+        text = path.read_text(errors="replace")
+    except OSError:
+        return lines
+    pattern = _HOST_LINE_INI if path.suffix not in (".yml", ".yaml", ".json") else _HOST_LINE_YAML
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = pattern.match(line)
+        if not match:
+            continue
+        token = match.group(1).strip()
+        candidates = [token]
+        if "[" in token and a["detect_range"](token):
+            try:
+                candidates = a["expand_hostname_range"](token)
+            except Exception:  # a malformed range is Ansible's error to report
+                candidates = []
+        for name in candidates:
+            if name in names and name not in lines:
+                lines[name] = number
+    return lines
 
 
-def read_inventory(path: Path) -> RawInventory:
-    inv = RawInventory(path)
-    display_root = path.parent
-    doc = load_located(path, display=str(path))
-    inv.files.append(str(path))
-    inv.problems += doc.problems
-    if doc.problems:
-        return inv
-    if not isinstance(doc.data, dict):
-        inv.problems.append(Problem(str(path), doc.line_of(()), "",
-                                    "an inventory must be a YAML mapping whose top key is `all:`",
-                                    "see inventories/sample/inventory.yml"))
-        return inv
-    for group_name, body in doc.data.items():
-        _parse_group(str(group_name), body, Where(doc, (group_name,)), inv)
-    inv.groups.setdefault("all", RawGroup("all"))
-    # Ansible puts every top-level group under `all`.
-    for group_name in doc.data:
-        if group_name != "all":
-            inv.groups["all"].children.add(str(group_name))
+def _diagnose(path: Path, loader, a: dict) -> list[Problem]:
+    """The source parsed with no plugin: ask each one why, and report the likeliest."""
+    from ansible.inventory.data import InventoryData
+    reasons = []
+    for name in ENABLED_PLUGINS:
+        plugin = a["inventory_loader"].get(name)
+        try:
+            if not plugin.verify_file(str(path)):
+                continue
+            plugin.parse(InventoryData(), loader, str(path), cache=False)
+        except Exception as exc:  # every plugin's failure is a reason to show
+            origin = a["Origin"].get_tag(getattr(exc, "obj", None)) if hasattr(exc, "obj") else None
+            line = origin.line_num if origin is not None else None
+            reasons.append((name, str(getattr(exc, "message", exc)).splitlines()[0], line))
+    yaml_like = path.suffix in (".yml", ".yaml")
+    reasons.sort(key=lambda r: (r[0] != ("yaml" if yaml_like else "ini")))
+    if not reasons:
+        return [Problem(str(path), None, "", "Ansible cannot read this file as an inventory",
+                        "write a YAML inventory (all: children: ...) or an INI one ([control_plane] ...)")]
+    plugin, message, line = reasons[0]
+    return [Problem(str(path), line, "", f"not a valid {plugin} inventory: {message}",
+                    "see inventories/sample/ for the shape Ansible expects")]
 
-    for kind, table in (("group_vars", inv.groups), ("host_vars", inv.hosts)):
-        base = display_root / kind
+
+def _vars_file_problems(path: Path) -> tuple[list[Problem], list[str]]:
+    """Duplicate keys and syntax errors in group_vars/ and host_vars/ YAML (Ansible only warns)."""
+    problems: list[Problem] = []
+    files: list[str] = []
+    for kind in ("group_vars", "host_vars"):
+        base = path.parent / kind
         if not base.is_dir():
             continue
-        for name, target in table.items():
-            for vf in _vars_files(base, name):
-                vdoc = load_located(vf, display=str(vf))
-                inv.files.append(str(vf))
-                inv.problems += vdoc.problems
-                _add_vars(target.vars, target.var_where, vdoc.data, Where(vdoc, ()), inv)
-        # Files naming a group or host that does not exist are usually typos.
-        known = set(table)
-        for entry in sorted(base.iterdir()):
-            stem = entry.stem if entry.is_file() else entry.name
-            if (entry.is_dir() or entry.suffix in (".yml", ".yaml", "")) and stem not in known:
-                inv.problems.append(Problem(str(entry), None, "",
-                                            f"{kind} file for '{stem}', which the inventory does not define",
-                                            f"rename it to an existing {'group' if kind == 'group_vars' else 'host'}"))
+        for vf in sorted(base.rglob("*")):
+            if vf.is_file() and vf.suffix in (".yml", ".yaml", ""):
+                files.append(str(vf))
+                problems += yamlloc.lint(vf)
+    return problems, files
 
-    for gname in inv.groups:
-        for hname in inv.group_members(gname):
-            inv.hosts[hname].groups.add(gname)
-    for host in inv.hosts.values():
-        host.groups.add("all")
+
+def _orphan_vars_files(path: Path, groups: set[str], hosts: set[str]) -> list[Problem]:
+    """Ansible silently ignores group_vars/<name> for a group that does not exist: usually a typo."""
+    problems = []
+    for kind, known in (("group_vars", groups), ("host_vars", hosts)):
+        base = path.parent / kind
+        if not base.is_dir():
+            continue
+        for entry in sorted(base.iterdir()):
+            stem = entry.name if entry.is_dir() else entry.stem
+            if entry.name.startswith(".") or (entry.is_file() and entry.suffix not in (".yml", ".yaml", ".json", "")):
+                continue
+            if stem not in known:
+                close = difflib.get_close_matches(stem, sorted(known), n=1)
+                what = "group" if kind == "group_vars" else "host"
+                problems.append(Problem(str(entry), None, "",
+                                        f"{kind} file for '{stem}', which the inventory does not define; Ansible ignores it",
+                                        f"rename it to {close[0]!r}" if close else f"rename it to an existing {what}"))
+    return problems
+
+
+def _defined(layer: dict, var: Any, file: str, line: int | None = None) -> Where:
+    name = next(k for k in layer if k == var)
+    return Where(layer[var], (), file, line, name)
+
+
+def read_inventory(path: Path) -> AnsibleInventory:
+    path = Path(path)
+    inv = AnsibleInventory(path=path, files=[str(path)])
+    if path.suffix in (".yml", ".yaml"):
+        inv.problems += yamlloc.lint_inventory(path)
+        if any(p.message.startswith("YAML syntax error") for p in inv.problems):
+            return inv
+    vars_problems, vars_files = _vars_file_problems(path)
+    inv.problems += vars_problems
+    inv.files += vars_files
+    a = _ansible()
+    loader = _Loader.make()
+    previous = a["constants"].INVENTORY_ENABLED
+    a["constants"].INVENTORY_ENABLED = list(ENABLED_PLUGINS)
+    try:
+        manager = a["InventoryManager"](loader=loader, sources=[str(path)])
+    except a["AnsibleError"] as exc:
+        inv.problems.append(Problem(str(path), None, "", f"Ansible cannot read the inventory: {exc.message}",
+                                    "fix the file as the message says"))
+        return inv
+    finally:
+        a["constants"].INVENTORY_ENABLED = previous
+    inv.manager = manager
+    data = manager._inventory  # noqa: SLF001  (the parsed InventoryData; Ansible has no public getter)
+    if not data.processed_sources:
+        inv.problems += _diagnose(path, loader, a)
+        return inv
+    sources = [str(path)]
+    combine = a["combine_vars"]
+
+    # The vars plugins (host_group_vars reads group_vars/ and host_vars/) as the enabled list
+    # names them; stage "all" is what ansible-inventory and a play both see.
+    list(a["vars_loader"].all(class_only=True))
+    for plugin_name in a["constants"].VARIABLE_PLUGINS_ENABLED:
+        a["vars_loader"].get(plugin_name)
+
+    def plugin_vars(entity) -> dict:
+        return a["get_vars_from_inventory_sources"](loader, sources, [entity], "all")
+
+    groups = data.groups
+    group_own = {name: g.get_vars() for name, g in groups.items()}
+    group_plugin = {name: plugin_vars(g) for name, g in groups.items()}
+    inv.group_children = {name: tuple(c.name for c in g.child_groups) for name, g in groups.items()}
+    inv.all_vars = combine(group_own.get("all", {}), group_plugin.get("all", {}))
+    for var in set(group_own.get("all", {})) | set(group_plugin.get("all", {})):
+        inv.all_definitions[var] = [_defined(d, var, str(path)) for d in (group_own["all"], group_plugin["all"]) if var in d]
+    for name in groups:
+        if name in ("all", "ungrouped"):
+            continue
+        for layer in (group_own[name], group_plugin[name]):
+            for var in layer:
+                inv.scoped_definitions.append((str(var), name, _defined(layer, var, str(path))))
+
+    inv.problems += _orphan_vars_files(path, set(groups), set(data.hosts))
+    precedence = [e for e in a["constants"].VARIABLE_PRECEDENCE if e in INVENTORY_ONLY]
+    host_names = list(data.hosts)
+    lines = _host_lines(path, set(host_names), a)
+    for name in host_names:
+        host = data.hosts[name]
+        member_of = a["sort_groups"]([g for g in host.get_groups() if g.name != "all"])
+        layers = {
+            "all_inventory": group_own.get("all", {}),
+            "all_plugins_inventory": group_plugin.get("all", {}),
+            "groups_inventory": [group_own[g.name] for g in member_of],
+            "groups_plugins_inventory": [group_plugin[g.name] for g in member_of],
+        }
+        merged: dict[str, Any] = {}
+        for entry in precedence:
+            layer = layers[entry]
+            for part in (layer if isinstance(layer, list) else [layer]):
+                merged = combine(merged, part)
+        own = {k: v for k, v in host.get_vars().items() if k not in ("inventory_file", "inventory_dir")}
+        own_plugin = plugin_vars(host)
+        merged = combine(combine(merged, own), own_plugin)
+        for layer in (own, own_plugin):
+            for var in layer:
+                inv.scoped_definitions.append((str(var), name, _defined(layer, var, str(path), lines.get(name))))
+        inv.hosts[name] = InventoryHost(
+            name=name,
+            groups=tuple(g.name for g in member_of) + ("all",),
+            vars=merged,
+            file=str(path),
+            line=lines.get(name),
+        )
     return inv

@@ -1,4 +1,4 @@
-"""Inventory file -> validated Cluster, or an InventoryError listing every problem."""
+"""Inventory -> validated Cluster, or an InventoryError listing every problem."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,64 +8,70 @@ from pydantic import ValidationError
 from gpuboot import matrix
 from gpuboot.config import checks
 from gpuboot.config.errors_map import problems_from
-from gpuboot.config.inventory import RawInventory, Where, read_inventory
+from gpuboot.config.inventory import AnsibleInventory, Where, read_inventory
 from gpuboot.config.model import Cluster, GpubootSettings, Node, NodeSettings
 from gpuboot.errors import InventoryError, MatrixError, Problem
 
+SETTINGS_VAR = "gpuboot"
+NODE_VAR = "gpuboot_node"
 
-def _settings(inv: RawInventory) -> tuple[GpubootSettings | None, Where | None, list[Problem]]:
-    sources = inv.var_sources("gpuboot")
+
+def _settings(inv: AnsibleInventory) -> tuple[GpubootSettings | None, Where | None, list[Problem]]:
     file = str(inv.path)
-    if not sources:
-        return None, None, [Problem(file, None, "gpuboot", "the gpuboot settings are missing",
+    scoped = [(owner, where) for var, owner, where in inv.scoped_definitions if var == SETTINGS_VAR]
+    if scoped:
+        return None, None, [Problem(w.file, w.line, SETTINGS_VAR,
+                                    f"gpuboot must be set for the whole inventory, not for {owner}",
+                                    "move it under all.vars or into group_vars/all.yml") for owner, w in scoped]
+    places = inv.all_definitions.get(SETTINGS_VAR, [])
+    if not places:
+        return None, None, [Problem(file, None, SETTINGS_VAR, "the gpuboot settings are missing",
                                     "add `gpuboot:` under all.vars, or in group_vars/all.yml beside the inventory")]
-    if len(sources) > 1:
-        places = ", ".join(f"{w.file}:{w.line}" for _, w in sources)
-        _, where = sources[0]
-        return None, None, [Problem(where.file, where.line, "gpuboot",
-                                    f"gpuboot is defined in {len(sources)} places ({places})",
+    if len(places) > 1:
+        listed = ", ".join(f"{w.file}:{w.line}" for w in places)
+        return None, None, [Problem(places[-1].file, places[-1].line, SETTINGS_VAR,
+                                    f"gpuboot is defined in {len(places)} places ({listed}); Ansible keeps only the last",
                                     "keep one definition, for the group all")]
-    data, where = sources[0]
-    if inv.groups["all"].var_where.get("gpuboot") is not where:
-        return None, None, [Problem(where.file, where.line, "gpuboot",
-                                    "gpuboot must be set for the whole inventory, not for one group or host",
-                                    "move it under all.vars or into group_vars/all.yml")]
+    where = places[0]
+    data = where.root
     if not isinstance(data, dict):
-        return None, None, [Problem(where.file, where.line, "gpuboot", "gpuboot must be a mapping",
+        return None, None, [Problem(where.file, where.line, SETTINGS_VAR, "gpuboot must be a mapping",
                                     "see inventories/sample/inventory.yml")]
-    problems = checks.inline_secrets(data, where, "gpuboot")
+    problems = checks.inline_secrets(data, where, SETTINGS_VAR)
     try:
         return GpubootSettings.model_validate(data), where, problems
     except ValidationError as exc:
-        return None, where, problems + problems_from(exc, GpubootSettings, where, "gpuboot")
+        return None, where, problems + problems_from(exc, GpubootSettings, where, SETTINGS_VAR)
 
 
-def _nodes(inv: RawInventory, default_port: int) -> tuple[list[Node], list[Problem]]:
+def _nodes(inv: AnsibleInventory, default_port: int) -> tuple[list[Node], list[Problem]]:
     nodes, problems = [], []
     for host in inv.hosts.values():
         settings = NodeSettings()
-        raw = host.vars.get("gpuboot_node")
+        raw = host.vars.get(NODE_VAR)
         if raw is not None:
-            where = host.var_where["gpuboot_node"]
-            problems += checks.inline_secrets(raw, where, f"{host.name}.gpuboot_node")
+            where = host.where(NODE_VAR)
+            problems += checks.inline_secrets(raw, where, f"{host.name}.{NODE_VAR}")
             try:
                 settings = NodeSettings.model_validate(raw)
             except ValidationError as exc:
-                problems += problems_from(exc, NodeSettings, where, f"{host.name}.gpuboot_node")
-        for key in checks.SSH_PASSWORD_VARS & set(host.vars):
-            w = host.var_where[key]
+                problems += problems_from(exc, NodeSettings, where, f"{host.name}.{NODE_VAR}")
+        for key in sorted(checks.SSH_PASSWORD_VARS & set(host.vars)):
+            w = host.where(key)
             problems.append(Problem(w.file, w.line, f"{host.name}.{key}",
                                     "an SSH or become password is written inline",
                                     "use SSH keys (gpuboot.ssh.private_key_file) and passwordless sudo"))
+        address = str(host.vars.get("ansible_host", host.name))
+        problems += checks.host_address(host.name, address, host.where("ansible_host"))
         port = host.vars.get("ansible_port", default_port)
         nodes.append(Node(
             name=host.name,
-            address=str(host.vars.get("ansible_host", host.name)),
+            address=address,
             port=int(port) if str(port).isdigit() else default_port,
             groups=frozenset(host.groups),
             settings=settings,
-            file=host.where.file,
-            line=host.where.line,
+            file=host.file,
+            line=host.line,
         ))
     return nodes, problems
 
@@ -75,9 +81,9 @@ def load_cluster(path: str | Path, *, check_files: bool = False, releases_dir: P
     path = Path(path)
     if not path.is_file():
         raise InventoryError([Problem(str(path), None, "", "no such inventory file",
-                                      "pass the path of an Ansible YAML inventory")])
+                                      "pass the path of an Ansible inventory file (YAML or INI)")])
     inv = read_inventory(path)
-    if inv.problems and not inv.hosts and not inv.groups.get("all", None):
+    if inv.manager is None:
         raise InventoryError(inv.problems)
     problems = list(inv.problems)
     settings, where, found = _settings(inv)
@@ -85,7 +91,7 @@ def load_cluster(path: str | Path, *, check_files: bool = False, releases_dir: P
     default_port = settings.ssh.port if settings else 22
     nodes, found = _nodes(inv, default_port)
     problems += found
-    problems += checks.groups_and_nodes(inv, nodes)
+    problems += checks.groups_and_nodes(inv, nodes, settings)
     if settings is not None and where is not None:
         try:
             release = matrix.load(settings.release, releases_dir)
@@ -95,9 +101,11 @@ def load_cluster(path: str | Path, *, check_files: bool = False, releases_dir: P
         else:
             problems += checks.node_os(settings, release, where)
         problems += checks.addresses(settings, nodes, where)
-        problems += checks.references(settings, nodes, where, inv, check_files=check_files)
-        problems += checks.tenants(settings, where)
+        problems += checks.references(settings, nodes, where, inv.path, check_files=check_files)
+        problems += checks.tenants(settings, nodes, where)
     if problems:
         raise InventoryError(problems)
     assert settings is not None
-    return Cluster(inventory=str(path), settings=settings, nodes=tuple(nodes), source_files=tuple(inv.files))
+    cluster = Cluster(inventory=str(path), settings=settings, nodes=tuple(nodes), source_files=tuple(inv.files))
+    cluster.attach_inventory(inv)
+    return cluster

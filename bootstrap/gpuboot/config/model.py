@@ -1,15 +1,15 @@
 """The typed model of a gpuboot cluster: the `gpuboot` variable and per-node settings.
 
-Defaults here must equal playbooks/group_vars/all/gpuboot_defaults.yml, which plain
-ansible-playbook runs use; a unit test keeps the two in step.
+This model is the one owner of every default: each run hands Ansible the validated
+settings as data (`gpuboot_settings`, `gpuboot_nodes`), never a second copy of defaults.
 """
 from __future__ import annotations
 
 import re
 from ipaddress import IPv4Address, IPv4Network
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 # Kubernetes extended resource name, e.g. nvidia.com/rdma_shared_a or rdma/cx7.
@@ -153,6 +153,9 @@ class GpubootSettings(Strict):
     drivers: Drivers = Drivers()
     gitops: GitOps | None = None
     tenants: list[Tenant] = []
+    # Ansible host patterns (hosts or groups) of the inventory that gpuboot leaves alone:
+    # monitoring boxes, storage, ... Every other host must be in a gpuboot group.
+    ignored_hosts: list[Annotated[str, Field(min_length=1)]] = []
 
 
 class GpuSettings(Strict):
@@ -222,6 +225,30 @@ class Cluster(BaseModel):
     settings: GpubootSettings
     nodes: tuple[Node, ...]
     source_files: tuple[str, ...]
+    # Ansible's parsed inventory, for host patterns (never serialised).
+    _inventory: Any = PrivateAttr(default=None)
+
+    def attach_inventory(self, inventory: Any) -> None:
+        self._inventory = inventory
+
+    def hosts_matching(self, pattern: str) -> list[str]:
+        """Hosts of an Ansible pattern, in inventory order, as ansible-playbook resolves it."""
+        if self._inventory is None:
+            raise RuntimeError("this Cluster was not loaded from an inventory")
+        cluster = {n.name for n in self.nodes}
+        return [h for h in self._inventory.hosts_matching(pattern) if h in cluster]
+
+    def host_inputs(self, name: str) -> dict[str, Any]:
+        """The host's inventory variables as Ansible merged them (part of a phase's inputs)."""
+        if self._inventory is None or name not in self._inventory.hosts:
+            return {}
+        return dict(self._inventory.hosts[name].vars)
+
+    def extravars(self) -> dict[str, Any]:
+        """The validated settings as Ansible reads them: every default filled in by this model.
+        File references only: validation refuses inline secrets."""
+        return {"gpuboot_settings": self.settings.model_dump(mode="json"),
+                "gpuboot_nodes": {n.name: n.settings.model_dump(mode="json") for n in self.nodes}}
 
     def in_group(self, group: str) -> list[Node]:
         return [n for n in self.nodes if group in n.groups]

@@ -1,102 +1,110 @@
-"""YAML loading that remembers the line of every key, so errors can point at it."""
+"""Located lint of YAML inventories and vars files: what Ansible only warns about (a
+duplicate key, a misspelt group key) or reports without a fix becomes a Problem with the
+file, the line and the dotted path. Ansible itself resolves the inventory; this pass only
+composes the node tree (libyaml's parser) and never builds the data."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from gpuboot.errors import Problem
 
-Path_ = tuple  # a path into the document: keys and list indexes
+GROUP_KEYS = ("hosts", "vars", "children")
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class VaultValue(str):
-    """An Ansible Vault ciphertext found in a file; never decrypted by gpuboot."""
-
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _vault(loader: yaml.SafeLoader, node: yaml.Node) -> VaultValue:
-    return VaultValue(loader.construct_scalar(node))  # type: ignore[arg-type]
-
-
-def _unsafe(loader: yaml.SafeLoader, node: yaml.Node) -> str:
-    return str(loader.construct_scalar(node))  # type: ignore[arg-type]
-
-
-_Loader.add_constructor("!vault", _vault)
-_Loader.add_constructor("!unsafe", _unsafe)
-
-
-@dataclass
-class LocatedDoc:
-    """A parsed YAML file plus the line of each key path in it."""
-
-    file: str
-    data: Any
-    lines: dict[Path_, int] = field(default_factory=dict)
-    problems: list[Problem] = field(default_factory=list)
-
-    def line_of(self, path: Path_) -> int | None:
-        """The line of `path`, or of its nearest ancestor that exists in the file."""
-        path = tuple(path)
-        while path:
-            if path in self.lines:
-                return self.lines[path]
-            path = path[:-1]
-        return self.lines.get((), None)
-
-
-def _walk(node: yaml.Node, path: Path_, doc: LocatedDoc) -> None:
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[Any, int] = {}
-        for key_node, value_node in node.value:
-            key = key_node.value
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                dotted = ".".join(str(p) for p in (*path, key))
-                doc.problems.append(Problem(
-                    doc.file, line, dotted,
-                    f"duplicate key (first defined on line {seen[key]}); YAML keeps only the last one",
-                    "remove or rename one of them",
-                ))
-            seen[key] = line
-            doc.lines[(*path, key)] = line
-            _walk(value_node, (*path, key), doc)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            doc.lines[(*path, index)] = item.start_mark.line + 1
-            _walk(item, (*path, index), doc)
-
-
-def load_located(path: Path, display: str | None = None) -> LocatedDoc:
-    """Parse one YAML file. Syntax errors become a located Problem, not an exception."""
-    name = display or str(path)
+def _compose(path: Path) -> tuple[yaml.Node | None, list[Problem]]:
+    name = str(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, [Problem(name, None, "", f"not UTF-8 text (byte {exc.start})", "save the file as UTF-8")]
     except OSError as exc:
-        return LocatedDoc(name, None, problems=[Problem(name, None, "", f"cannot read: {exc.strerror}")])
+        return None, [Problem(name, None, "", f"cannot read: {exc.strerror}")]
     loader = _Loader(text)
     try:
-        node = loader.get_single_node()
-        if node is None:
-            return LocatedDoc(name, None)
-        doc = LocatedDoc(name, None, {(): node.start_mark.line + 1})
-        _walk(node, (), doc)
-        doc.data = loader.construct_document(node)
-        return doc
+        return loader.get_single_node(), []
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        return LocatedDoc(name, None, problems=[Problem(
-            name, line, "", f"YAML syntax error: {exc.problem or exc}",
-            "check indentation and quoting on that line",
-        )])
+        return None, [Problem(name, mark.line + 1 if mark else None, "", f"YAML syntax error: {exc.problem or exc}",
+                              "check indentation and quoting on that line")]
     except yaml.YAMLError as exc:
-        return LocatedDoc(name, None, problems=[Problem(name, None, "", f"YAML error: {exc}")])
+        return None, [Problem(name, None, "", f"YAML error: {exc}", "fix the YAML")]
     finally:
         loader.dispose()
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _duplicates(node: yaml.Node, path: tuple, file: str, out: list[Problem]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value
+            here = (*path, key)
+            if key in seen:
+                out.append(Problem(file, _line(key_node), ".".join(map(str, here)),
+                                   f"duplicate key (first defined on line {seen[key]}); YAML keeps only the last one",
+                                   "remove or rename one of them"))
+            seen[key] = _line(key_node)
+            _duplicates(value_node, here, file, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _duplicates(item, (*path, index), file, out)
+
+
+def lint(path: Path) -> list[Problem]:
+    """A vars file: syntax and duplicate keys."""
+    node, problems = _compose(path)
+    if node is not None:
+        _duplicates(node, (), str(path), problems)
+    return problems
+
+
+def _group(node: yaml.Node, path: tuple, file: str, out: list[Problem], depth: int = 0) -> None:
+    dotted = ".".join(map(str, path))
+    if isinstance(node, yaml.ScalarNode) and node.value in ("", "~", "null"):
+        return
+    if not isinstance(node, yaml.MappingNode):
+        out.append(Problem(file, _line(node), dotted, "a group must be a mapping with hosts, vars or children",
+                           "indent its hosts under `hosts:`"))
+        return
+    for key_node, value_node in node.value:
+        key = key_node.value
+        here = f"{dotted}.{key}"
+        empty = isinstance(value_node, yaml.ScalarNode) and value_node.value in ("", "~", "null")
+        if key not in GROUP_KEYS:
+            out.append(Problem(file, _line(key_node), here, f"unknown group key '{key}'",
+                               "a group holds only hosts:, vars: and children:"))
+        elif key == "hosts" and not empty and not isinstance(value_node, yaml.MappingNode):
+            out.append(Problem(file, _line(key_node), here, "hosts must be a mapping of host name to its variables",
+                               "write `cp01:` with its variables indented below, not a list"))
+        elif key == "vars" and not empty and not isinstance(value_node, yaml.MappingNode):
+            out.append(Problem(file, _line(key_node), here, "vars must be a mapping of name: value",
+                               "write each variable as `name: value` under vars:"))
+        elif key == "children" and not empty:
+            if not isinstance(value_node, yaml.MappingNode):
+                out.append(Problem(file, _line(key_node), here, "children must be a mapping of group names",
+                                   "write each child group as `name:` under children:"))
+            elif depth < 20:
+                for child_key, child_node in value_node.value:
+                    _group(child_node, (*path, "children", child_key.value), file, out, depth + 1)
+
+
+def lint_inventory(path: Path) -> list[Problem]:
+    """A YAML inventory: syntax, duplicate keys, and the shape Ansible's yaml plugin reads."""
+    node, problems = _compose(path)
+    if node is None:
+        return problems
+    file = str(path)
+    _duplicates(node, (), file, problems)
+    if not isinstance(node, yaml.MappingNode):
+        problems.append(Problem(file, _line(node), "", "an inventory must be a YAML mapping whose top key is `all:`",
+                                "see inventories/sample/inventory.yml"))
+        return problems
+    for key_node, value_node in node.value:
+        _group(value_node, (key_node.value,), file, problems)
+    return problems

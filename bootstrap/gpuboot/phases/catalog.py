@@ -1,20 +1,48 @@
-"""Phases are data: a name, a playbook under playbooks/, the hosts it targets, its tags.
-
-A phase's playbook is the single source of truth for whether it is built yet: a
-placeholder playbook sets `gpuboot_phase_not_implemented` and fails loudly."""
+"""Phases are data. A Phase is one object: its playbook (which states its hosts, once), the
+roles that playbook uses, what its nodes pull from the mirror, whether it is built for the
+cluster's settings, and the result it leaves on the hosts (files, services) that tells a
+later run whether the hosts still show it."""
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
 from gpuboot import content
-from gpuboot.config.model import Cluster
+from gpuboot.config.model import Cluster, GpubootSettings
 
 NOT_IMPLEMENTED_MARKER = "gpuboot_phase_not_implemented"
-CLUSTER = "control_plane:workers"
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a phase leaves on each of its hosts. A later run skips the phase only while every
+    host still shows all of it (and the phase's inputs are unchanged)."""
+
+    files: tuple[str, ...] = ()      # content must be unchanged (globs allowed)
+    present: tuple[str, ...] = ()    # must exist (their content is others' to change)
+    services: tuple[str, ...] = ()   # must be active
+
+    @property
+    def observable(self) -> bool:
+        return bool(self.files or self.present or self.services)
+
+    def as_data(self) -> dict:
+        return {"files": list(self.files), "present": list(self.present), "services": list(self.services)}
+
+
+Unbuilt = Callable[[GpubootSettings], "str | None"]
+
+
+def _built(settings: GpubootSettings) -> str | None:
+    return None
+
+
+def _not_built(what: str) -> Unbuilt:
+    return lambda settings: f"{what} is not built yet"
 
 
 @dataclass(frozen=True)
@@ -22,12 +50,72 @@ class Phase:
     name: str
     title: str
     playbook: str
-    hosts: str
-    tags: tuple[str, ...] = ()
+    result: Result = Result()
     # The matrix components whose images nodes pull in this phase, and whether it installs
-    # packages: in an air gap the mirror must hold them first.
+    # packages: in an air gap the mirror must hold them first (checked before it runs).
     pulls: tuple[str, ...] = ()
     installs_packages: bool = False
+    # None when the phase is built for these settings, else why up stops at it.
+    unbuilt: Unbuilt = field(default=_built, compare=False)
+    # A read-only phase (preflight) leaves nothing on the hosts: it runs whenever a later
+    # phase of the same run does.
+    read_only: bool = False
+
+    @property
+    def path(self) -> Path:
+        return content.playbook(self.playbook)
+
+    @cached_property
+    def plays(self) -> list[dict]:
+        return yaml.safe_load(self.path.read_text()) or []
+
+    @property
+    def hosts(self) -> str:
+        """The union of the hosts its plays target, as one Ansible pattern."""
+        patterns: list[str] = []
+        for play in self.plays:
+            if play.get("hosts") and play["hosts"] not in patterns:
+                patterns.append(play["hosts"])
+        return ":".join(patterns)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """Every role the playbook applies, imports or includes (and their dependencies)."""
+        found: list[str] = []
+
+        def add(name: str) -> None:
+            if name in found:
+                return
+            found.append(name)
+            meta = content.content_dir() / "roles" / name / "meta" / "main.yml"
+            if meta.is_file():
+                for dep in (yaml.safe_load(meta.read_text()) or {}).get("dependencies") or []:
+                    add(dep["role"] if isinstance(dep, dict) else dep)
+
+        def walk(tasks: list) -> None:
+            for task in tasks or []:
+                for key in ("ansible.builtin.include_role", "ansible.builtin.import_role"):
+                    if key in task:
+                        add(task[key]["name"])
+                for key in ("block", "rescue", "always"):
+                    walk(task.get(key))
+
+        for play in self.plays:
+            for role in play.get("roles") or []:
+                add(role["role"] if isinstance(role, dict) else role)
+            for key in ("pre_tasks", "tasks", "post_tasks"):
+                walk(play.get(key))
+        return tuple(found)
+
+    @property
+    def implemented(self) -> bool:
+        return not any(NOT_IMPLEMENTED_MARKER in (play.get("vars") or {}) for play in self.plays)
+
+    def stops_because(self, settings: GpubootSettings) -> str | None:
+        """Why `up` stops at this phase for these settings, or None when it can run."""
+        if not self.implemented:
+            return f"{self.name} is not built yet"
+        return self.unbuilt(settings)
 
     def pulls_for(self, cluster: Cluster) -> tuple[str, ...]:
         # The bridge CNI is plugins from a package; only Calico pulls images.
@@ -35,33 +123,45 @@ class Phase:
             return tuple(c for c in self.pulls if c != "calico")
         return self.pulls
 
-    @property
-    def path(self) -> Path:
-        return content.playbook(self.playbook)
 
-    @property
-    def implemented(self) -> bool:
-        plays = yaml.safe_load(self.path.read_text()) or []
-        return not any(NOT_IMPLEMENTED_MARKER in (play.get("vars") or {}) for play in plays)
+def _cni_unbuilt(settings: GpubootSettings) -> str | None:
+    return "calico is not built yet" if settings.networking.cni == "calico" else None
 
+
+def _endpoint_unbuilt(settings: GpubootSettings) -> str | None:
+    return "kube_vip is not built yet" if settings.control_plane.mode == "kube_vip" else None
+
+
+KUBELET = Result(present=("/etc/kubernetes/kubelet.conf",), services=("kubelet",))
 
 UP: tuple[Phase, ...] = (
     # Only inventories with a `mirror` group run it (a phase without hosts is skipped).
-    Phase("mirror", "Air-gap mirror registry", "mirror.yml", "mirror", ("mirror",)),
-    Phase("preflight", "Preflight checks", "preflight.yml", CLUSTER, ("preflight",)),
-    Phase("os_prep", "OS preparation", "os_prep.yml", CLUSTER, ("os_prep",)),
-    Phase("container_runtime", "Container runtime (containerd)", "container_runtime.yml", CLUSTER, ("containerd",)),
-    Phase("kube_packages", "Pinned kubeadm, kubelet, kubectl", "kube_packages.yml", CLUSTER, ("kube_packages",),
-          installs_packages=True),
-    Phase("ha_endpoint", "HA API endpoint (VIP)", "ha_endpoint.yml", "control_plane", ("ha_endpoint",)),
-    Phase("control_plane_init", "First control plane (kubeadm init)", "control_plane_init.yml", "control_plane[0]", ("kubeadm",), pulls=("kubernetes",)),
-    Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml", "control_plane[1:]", ("kubeadm",), pulls=("kubernetes",)),
-    Phase("workers_join", "Worker joins", "workers_join.yml", "workers", ("kubeadm",), pulls=("kubernetes",)),
-    Phase("cni", "Pod network (Calico, or bridge)", "cni.yml", CLUSTER, ("cni",), pulls=("calico",)),
-    Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml", "control_plane[0]", ("gpu",), pulls=("gpu_operator",)),
-    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", "control_plane[0]", ("network",), pulls=("network_operator",)),
-    Phase("validate", "Cluster validation", "validate.yml", "control_plane[0]", ("validate",)),
-    Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", "control_plane[0]", ("gitops",), pulls=("argocd",)),
+    Phase("mirror", "Air-gap mirror registry", "mirror.yml",
+          Result(files=("/etc/docker/registry/config.yml",), services=("docker-registry",))),
+    Phase("preflight", "Preflight checks", "preflight.yml", read_only=True),
+    Phase("os_prep", "OS preparation", "os_prep.yml",
+          Result(files=("/etc/modules-load.d/gpuboot.conf", "/etc/sysctl.d/90-gpuboot.conf",
+                        "/etc/modprobe.d/gpuboot-blacklist-nouveau.conf"))),
+    Phase("container_runtime", "Container runtime (containerd)", "container_runtime.yml",
+          Result(files=("/etc/containerd/config.toml", "/etc/containerd/certs.d/*/hosts.toml"),
+                 services=("containerd",))),
+    Phase("kube_packages", "Pinned kubeadm, kubelet, kubectl", "kube_packages.yml",
+          Result(files=("/usr/bin/kubeadm", "/usr/bin/kubelet", "/usr/bin/kubectl")), installs_packages=True),
+    Phase("ha_endpoint", "HA API endpoint (VIP)", "ha_endpoint.yml",
+          Result(files=("/etc/haproxy/haproxy.cfg", "/etc/keepalived/keepalived.conf"),
+                 services=("haproxy", "keepalived")), unbuilt=_endpoint_unbuilt),
+    Phase("control_plane_init", "First control plane (kubeadm init)", "control_plane_init.yml",
+          Result(present=("/etc/kubernetes/admin.conf", "/etc/kubernetes/kubelet.conf"), services=("kubelet",)),
+          pulls=("kubernetes",)),
+    Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml", KUBELET, pulls=("kubernetes",)),
+    Phase("workers_join", "Worker joins", "workers_join.yml", KUBELET, pulls=("kubernetes",)),
+    Phase("cni", "Pod network (Calico, or bridge)", "cni.yml",
+          Result(files=("/etc/cni/net.d/10-gpuboot-bridge.conflist",), services=("kubelet", "gpuboot-pod-routes")),
+          pulls=("calico",), unbuilt=_cni_unbuilt),
+    Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml", pulls=("gpu_operator",)),
+    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", pulls=("network_operator",)),
+    Phase("validate", "Cluster validation", "validate.yml"),
+    Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", pulls=("argocd",)),
 )
 
 CATALOGS = {"up": UP}
@@ -72,15 +172,5 @@ def by_name(catalog: tuple[Phase, ...]) -> dict[str, Phase]:
 
 
 def hosts_for(cluster: Cluster, pattern: str) -> list[str]:
-    """Resolve the patterns the catalog uses (group, group[0], group[1:], a:b) in inventory order."""
-    hosts: list[str] = []
-    for part in re.split(r":(?![^\[]*\])", pattern):
-        group, _, index = part.partition("[")
-        members = [n.name for n in cluster.nodes if group in n.groups]
-        if index:
-            index = index.rstrip("]")
-            start, colon, end = index.partition(":")
-            stop = (int(end) if end else None) if colon else int(start) + 1
-            members = members[int(start or 0):stop]
-        hosts += [h for h in members if h not in hosts]
-    return hosts
+    """The hosts of an Ansible pattern, resolved by Ansible's own inventory code."""
+    return cluster.hosts_matching(pattern)

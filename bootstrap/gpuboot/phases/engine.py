@@ -1,24 +1,25 @@
-"""Runs a list of phases in order: lock, fingerprints, one playbook per phase, state.
+"""Runs a list of phases in order: lock, ask the hosts, one playbook per phase, record.
 
-Re-running is the resume: a phase that succeeded with identical inputs is skipped
-(--force runs it anyway), and every playbook converges from the hosts' real state."""
+Re-running is the resume: a phase is skipped only when its content and inputs are
+unchanged and its hosts still show its result (see convergence.py); --force runs it
+anyway, and every playbook converges from the hosts' real state."""
 from __future__ import annotations
 
-import hashlib
+import os
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Protocol
 
 from gpuboot import content
 from gpuboot.ansible.runner import PlaybookResult, PlaybookRun, run_playbook
 from gpuboot.config.model import Cluster
-from gpuboot.errors import Interrupted, PhaseFailed
+from gpuboot.errors import GpubootError, Interrupted, LockedError, PhaseFailed
 from gpuboot.events import (Event, Failure, HostResult, PhaseFinished, PhaseSkipped, PhaseStarted,
                             PlaybookStats, RunFinished, RunStarted)
+from gpuboot.phases import convergence
 from gpuboot.phases.catalog import Phase, hosts_for
 from gpuboot.runlog import RunLog, tee
 from gpuboot.state import ClusterState, new_run_id
@@ -34,7 +35,6 @@ Runner = Callable[[PlaybookRun, Callable[[Event], None], threading.Event], Playb
 @dataclass(frozen=True)
 class RunOptions:
     command: str = "up"
-    action: str = "install"
     check: bool = False
     diff: bool = False
     force: bool = False
@@ -43,27 +43,6 @@ class RunOptions:
     resume_hint: str = "gpuboot up {inventory} --from {phase}"
     extravars: tuple[tuple[str, object], ...] = ()  # more run-wide extra vars, as data
     record_state: bool = True  # False for runs that change nothing on hosts (render)
-
-
-@lru_cache(maxsize=None)
-def _tree_digest(root: Path) -> str:
-    digest = hashlib.sha256()
-    for sub in ("playbooks", "roles", "mirror"):
-        for path in sorted((root / sub).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and ".molecule" not in path.parts:
-                digest.update(str(path.relative_to(root)).encode())
-                digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def fingerprint(cluster: Cluster, phase: Phase, options: RunOptions) -> str:
-    digest = hashlib.sha256()
-    digest.update(f"{phase.name}|{options.action}".encode())
-    for source in cluster.source_files:
-        digest.update(source.encode())
-        digest.update(Path(source).read_bytes())
-    digest.update(_tree_digest(content.content_dir()).encode())
-    return digest.hexdigest()
 
 
 def ssh_defaults(cluster: Cluster) -> dict[str, str]:
@@ -82,7 +61,10 @@ def ssh_defaults(cluster: Cluster) -> dict[str, str]:
 
 
 def forks_for(cluster: Cluster) -> int:
-    return max(1, min(len(cluster.nodes), 64))
+    """Parallel SSH sessions: one per node, capped by what this control machine can carry
+    (each fork is a Python process of ~60 MB and some CPU)."""
+    carry = max(8, min(64, 8 * (os.cpu_count() or 1)))
+    return max(1, min(len(cluster.nodes), carry))
 
 
 @dataclass
@@ -113,16 +95,17 @@ class Engine:
         env.update(ssh_defaults(self.cluster))
         return env
 
-    def _run_phase(self, phase: Phase, run_dir: Path, run_id: str) -> PlaybookResult:
+    def _playbook(self, playbook: Path, ident: str, run_dir: Path, run_id: str, extra: dict,
+                  sink: Callable[[Event], None], resume_phase: str) -> PlaybookResult:
         request = PlaybookRun(
-            playbook=phase.path,
+            playbook=playbook,
             inventory=Path(self.cluster.inventory).resolve(),
             artifact_dir=run_dir / "phases",
-            ident=phase.name,
-            extravars={"gpuboot_action": self.options.action, "gpuboot_run_id": run_id,
+            ident=ident,
+            extravars={**self.cluster.extravars(), "gpuboot_run_id": run_id,
                        # The admin kubeconfig (0600) lives beside the cluster's state.
                        "gpuboot_kubeconfig": str(self.state.root / "admin.conf"),
-                       **dict(self.options.extravars)},
+                       **dict(self.options.extravars), **extra},
             envvars=self._envvars(run_dir),
             forks=forks_for(self.cluster),
             check=self.options.check,
@@ -142,7 +125,7 @@ class Engine:
             finally:
                 events.put(None)
 
-        worker = threading.Thread(target=work, name=f"phase-{phase.name}", daemon=True)
+        worker = threading.Thread(target=work, name=f"playbook-{ident}", daemon=True)
         worker.start()
         try:
             while True:
@@ -152,21 +135,90 @@ class Engine:
                     continue
                 if event is None:
                     break
-                if isinstance(event, PlaybookStats):
-                    self.last_stats = event
-                if isinstance(event, HostResult) and event.status in ("failed", "unreachable"):
-                    self.failures.append(Failure(event.host, event.task, event.message))
-                self.sink(event)
+                sink(event)
         except KeyboardInterrupt:
             cancel.set()
             worker.join(timeout=60)
-            raise Interrupted(f"interrupted during phase {phase.name}",
-                              hint=self.options.resume_hint.format(inventory=self.cluster.inventory, phase=phase.name))
+            raise Interrupted(f"interrupted during {resume_phase}",
+                              hint=self.options.resume_hint.format(inventory=self.cluster.inventory, phase=resume_phase))
         worker.join()
         result = outcome[0]
         if isinstance(result, BaseException):
             raise result
         return result
+
+    def _phase_sink(self, event: Event) -> None:
+        if isinstance(event, PlaybookStats):
+            self.last_stats = event
+        if isinstance(event, HostResult) and event.status in ("failed", "unreachable"):
+            self.failures.append(Failure(event.host, event.task, event.message))
+        self.sink(event)
+
+    def _state_run(self, action: str, run_dir: Path, run_id: str, entries: list, first: str,
+                   **extra: object) -> list[HostResult]:
+        """gpuboot's bookkeeping on the hosts (lock, probe, record): its events are data, not progress."""
+        collected: list[HostResult] = []
+        hosts = sorted({h for entry in entries for h in entry["hosts"]})
+        self._playbook(content.playbook(convergence.STATE_PLAYBOOK), f"state-{action}", run_dir, run_id,
+                       {"gpuboot_state_action": action, "gpuboot_state_phases": entries,
+                        "gpuboot_state_hosts": hosts, "gpuboot_lock_host": first, **extra},
+                       lambda e: collected.append(e) if isinstance(e, HostResult) else None, "the cluster lock")
+        return collected
+
+    def _begin(self, run_dir: Path, run_id: str, first: str, entries: list) -> convergence.Probe:
+        """Take the cluster lock on the first control plane and ask the hosts."""
+        holder = convergence.holder(run_id, self.options.command, self.state.root.parent)
+        finished = {r["run_id"] for r in self.state.load()["runs"]}
+        takeover: list[str] = []
+        for _ in range(2):
+            results = self._state_run("begin", run_dir, run_id, entries, first,
+                                      gpuboot_lock_holder=holder, gpuboot_lock_takeover=takeover)
+            lock = next((r for r in results if r.host == first and r.task.endswith("take the cluster lock")), None)
+            if lock is None or lock.status in ("failed", "unreachable") or not isinstance(lock.data, dict):
+                why = lock.message if lock is not None else "no answer"
+                raise GpubootError(f"cannot take the cluster lock on {first}: {why}",
+                                   hint=f"the first control plane must be reachable over SSH; then re-run gpuboot {self.options.command}")
+            if lock.data.get("acquired"):
+                return convergence.probe_from(results, [e["name"] for e in entries])
+            other = lock.data.get("holder") or {}
+            if not convergence.is_dead(other, finished) or takeover:
+                raise LockedError(f"cluster {self.cluster.settings.cluster_name} is locked on {first} by "
+                                  f"{convergence.describe_holder(other)}",
+                                  hint=f"wait for that run to finish; if it is gone, run "
+                                       f"`gpuboot unlock {self.cluster.inventory}` (removes /var/lib/gpuboot/lock on {first})")
+            takeover = [str(other.get("run_id"))]
+        raise AssertionError("unreachable")
+
+    def _plan(self, phases: list[Phase], probe: convergence.Probe | None,
+              digests: dict[str, str], hosts: dict[str, list[str]]) -> dict[str, tuple[bool, str]]:
+        """Per phase: (skip it?, why)."""
+        record = self.state.load()["phases"]
+        decision: dict[str, tuple[bool, str]] = {}
+        for phase in phases:
+            previous = record.get(phase.name, {})
+            if not hosts[phase.name]:
+                decision[phase.name] = (True, f"no hosts in {phase.hosts}")
+            elif self.options.force:
+                decision[phase.name] = (False, "--force")
+            elif self.options.check or probe is None:
+                decision[phase.name] = (False, "")
+            elif phase.read_only:
+                decision[phase.name] = (False, "it checks the hosts before anything changes")
+            elif previous.get("status") != "ok":
+                decision[phase.name] = (False, "it has not succeeded yet" if not previous else "it failed last time")
+            elif previous.get("fingerprint") != digests[phase.name]:
+                decision[phase.name] = (False, "its playbook, roles or inputs changed")
+            else:
+                ok, why = probe.converged(phase.name, hosts[phase.name])
+                decision[phase.name] = (True, f"converged: every host still shows it (since {previous.get('at')})") \
+                    if ok else (False, why)
+        # A read-only phase (preflight) runs when a later phase of this run does.
+        for index, phase in enumerate(phases):
+            later = [p for p in phases[index + 1:] if not p.read_only]
+            if phase.read_only and probe is not None and not self.options.force and later \
+                    and all(decision[p.name][0] for p in later):
+                decision[phase.name] = (True, "every later phase is converged")
+        return decision
 
     def run(self, phases: list[Phase]) -> RunFinished:
         run_id = new_run_id()
@@ -176,44 +228,65 @@ class Engine:
         names = [p.name for p in phases]
         self.sink(RunStarted(run_id, self.cluster.settings.cluster_name, names, str(log)))
         ran: list[str] = []
+        succeeded: list[tuple[Phase, str, list[str]]] = []
         status = "ok"
         resume = None
-        record = self.state.load()["phases"]
+        hosts = {p.name: hosts_for(self.cluster, p.hosts) for p in phases}
+        digests = {p.name: convergence.fingerprint(self.cluster, p, hosts[p.name]) for p in phases}
+        first = (self.cluster.hosts_matching("control_plane[0]") or [None])[0]
+        on_hosts = self.options.record_state and not self.options.check and first is not None
+        locked = False
         try:
             with self.state.lock(self.options.command):
+                probe = None
+                if on_hosts:
+                    entries = convergence.state_phases([(p, digests[p.name], hosts[p.name]) for p in phases])
+                    probe = self._begin(run_dir, run_id, first, entries)
+                    locked = True
+                decision = self._plan(phases, probe, digests, hosts)
                 for index, phase in enumerate(phases, start=1):
-                    digest = fingerprint(self.cluster, phase, self.options)
-                    previous = record.get(phase.name, {})
-                    if (not self.options.force and not self.options.check and previous.get("status") == "ok"
-                            and previous.get("fingerprint") == digest):
-                        self.sink(PhaseSkipped(phase.name, f"up to date since {previous.get('at')} (--force runs it)"))
+                    skip, why = decision[phase.name]
+                    if skip:
+                        self.sink(PhaseSkipped(phase.name, why))
                         continue
-                    hosts = hosts_for(self.cluster, phase.hosts)
-                    if not hosts:
-                        self.sink(PhaseSkipped(phase.name, f"no hosts in {phase.hosts}"))
-                        continue
-                    self.sink(PhaseStarted(phase.name, phase.title, hosts, index, len(phases)))
+                    self.sink(PhaseStarted(phase.name, phase.title, hosts[phase.name], index, len(phases), why))
                     t0 = time.monotonic()
                     self.last_stats = None
-                    result = self._run_phase(phase, run_dir, run_id)
+                    before = len(self.failures)
+                    result = self._playbook(phase.path, phase.name, run_dir, run_id, {}, self._phase_sink, phase.name)
                     ran.append(phase.name)
                     changed = sum(c.changed for c in (self.last_stats.hosts.values() if self.last_stats else []))
-                    failed_hosts = sorted({f.host for f in self.failures})
+                    failed_hosts = sorted({f.host for f in self.failures[before:]})
                     phase_ok = result.ok
                     self.sink(PhaseFinished(phase.name, "ok" if phase_ok else "failed", changed,
                                             failed_hosts, round(time.monotonic() - t0, 2)))
                     if not self.options.check and self.options.record_state:
                         self.state.record_phase(phase.name, status="ok" if phase_ok else "failed",
-                                                fingerprint=digest, run_id=run_id, changed=changed)
-                    if not phase_ok:
+                                                fingerprint=digests[phase.name], run_id=run_id, changed=changed)
+                    if phase_ok:
+                        succeeded.append((phase, digests[phase.name], hosts[phase.name]))
+                    else:
                         status = "failed"
                         resume = self.options.resume_hint.format(inventory=self.cluster.inventory, phase=phase.name)
-                        if not self.failures:
+                        if len(self.failures) == before:
                             self.failures.append(Failure("-", phase.name,
                                                          f"ansible-playbook ended with {result.status} (rc {result.rc}); see {result.stdout_path}"))
                         break
+                if locked:
+                    locked = False
+                    self._state_run("end", run_dir, run_id, convergence.state_phases(succeeded), first,
+                                    gpuboot_lock_holder=convergence.holder(run_id, self.options.command,
+                                                                           self.state.root.parent))
         except Interrupted as exc:
             status, resume = "interrupted", exc.hint
+        finally:
+            if locked:  # interrupted or failed before the end: give the lock back, record nothing
+                try:
+                    self._state_run("end", run_dir, run_id, [], first,
+                                    gpuboot_lock_holder=convergence.holder(run_id, self.options.command,
+                                                                           self.state.root.parent))
+                except (GpubootError, KeyboardInterrupt):
+                    pass
         finished = RunFinished(run_id, status, ran, list(self.failures), str(log), resume,
                                round(time.monotonic() - started, 2))
         self.state.record_run({"run_id": run_id, "command": self.options.command, "status": status,
@@ -231,3 +304,20 @@ def raise_for(finished: RunFinished) -> None:
         first = finished.failures[0] if finished.failures else None
         what = f"{first.host}: {first.task}" if first else "a phase"
         raise PhaseFailed(f"run failed at {what}", hint=finished.resume)
+
+
+def unlock_cluster(cluster: Cluster, state: ClusterState, runner: Runner = run_playbook) -> str | None:
+    """Remove the cluster lock on the first control plane, whoever holds it; returns who did."""
+    first = (cluster.hosts_matching("control_plane[0]") or [None])[0]
+    if first is None:
+        raise GpubootError("the inventory has no control plane to hold a lock")
+    engine = Engine(cluster, state, RunOptions(command="unlock"), lambda event: None, runner)
+    run_id = new_run_id()
+    results = engine._state_run("end", state.run_dir(run_id), run_id, [], first,  # noqa: SLF001
+                                gpuboot_lock_holder=convergence.holder(run_id, "unlock", state.root.parent),
+                                gpuboot_lock_force=True)
+    release = next((r for r in results if r.task.endswith("release the cluster lock")), None)
+    if release is None or release.status in ("failed", "unreachable"):
+        raise GpubootError(f"cannot reach {first} to remove its lock: {release.message if release else 'no answer'}")
+    holder = (release.data or {}).get("holder")
+    return convergence.describe_holder(holder) if holder else None

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import IO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from gpuboot.events import (Event, HostResult, PhaseFinished, PhaseSkipped, PhaseStarted, PlaybookStats,
@@ -29,7 +30,7 @@ class ConsoleProgress:
     and one summary at the end that says what to do next."""
 
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=False, highlight=False)
+        self.console = console or Console(stderr=False, highlight=False, soft_wrap=True)
         self.progress: Progress | None = None
         self.bar = None
         self.counts: Counter[str] = Counter()
@@ -56,8 +57,9 @@ class ConsoleProgress:
             self.bar = self.progress.add_task("starting", total=len(event.phases))
         elif isinstance(event, PhaseStarted):
             self.phase, self.task, self.counts = event.phase, "", Counter()
+            because = f" [dim]— {escape(event.reason)}[/]" if event.reason else ""
             self.console.print(f"[bold][{event.index}/{event.total}] {event.title}[/] ({event.phase}) "
-                               f"on {len(event.hosts)} hosts")
+                               f"on {len(event.hosts)} hosts{because}", markup=True)
             self._update()
         elif isinstance(event, TaskStarted):
             self.task = event.task
@@ -65,8 +67,8 @@ class ConsoleProgress:
         elif isinstance(event, HostResult):
             self.counts[event.status] += 1
             if event.status in ("failed", "unreachable"):
-                self.console.print(f"  [{STYLE[event.status]}]{event.status}[/] {event.host} | {event.task}: "
-                                   f"{event.message}")
+                self.console.print(f"  [{STYLE[event.status]}]{event.status}[/] {escape(event.host)} | "
+                                   f"{escape(event.task)}: {escape(event.message)}")
             self._update()
         elif isinstance(event, PlaybookStats):
             totals: Counter[str] = Counter()
@@ -77,7 +79,7 @@ class ConsoleProgress:
                                f"failed={totals['failed']} unreachable={totals['unreachable']} "
                                f"skipped={totals['skipped']}" + (f"  [red]failing: {', '.join(bad)}[/]" if bad else ""))
         elif isinstance(event, PhaseSkipped):
-            self.console.print(f"[dim]skip {event.phase}: {event.reason}[/]")
+            self.console.print(f"[dim]skip {event.phase}: {escape(event.reason)}[/]")
             self._advance()
         elif isinstance(event, PhaseFinished):
             style = STYLE.get(event.status, "white")
@@ -105,9 +107,9 @@ class ConsoleProgress:
         for failure in event.failures:
             by_task.setdefault((failure.task, failure.message), []).append(failure.host)
         for (task, message), hosts in by_task.items():
-            self.console.print(f"  [red]{task}[/] on {', '.join(sorted(set(hosts)))}")
+            self.console.print(f"  [red]{escape(task)}[/] on {escape(', '.join(sorted(set(hosts))))}")
             if message:
-                self.console.print(f"    {message}")
+                self.console.print(f"    {escape(message)}")
         self.console.print(f"  log: {event.log}")
         if event.resume:
             self.console.print(f"  resume: [bold]{event.resume}[/]")
