@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,23 @@ class AnsibleInventory:
         return [h.name for h in self.manager.get_hosts(pattern=pattern, ignore_restrictions=True)]
 
 
+@contextmanager
+def _quiet_ansible():
+    """Ansible prints its inventory warnings (duplicate keys, unknown group keys) to the
+    terminal; the lint pass reports each of them as a located problem instead."""
+    from ansible.utils.display import Display
+    display = Display()
+    saved = display.__dict__.get("warning")
+    display.warning = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        if saved is None:
+            del display.warning
+        else:
+            display.warning = saved
+
+
 class _Loader:
     """Ansible's DataLoader without the defensive deep copy of a fresh parse (it doubles
     the cost of a large inventory; the plugin owns the result anyway)."""
@@ -141,7 +159,8 @@ class _Loader:
         return FastLoader()
 
 
-_HOST_LINE_YAML = re.compile(r"^\s*(?:\?\s*)?['\"]?([^\s'\":#{}][^'\":]*?)['\"]?\s*:(?:\s|$)")
+# Every key on a YAML line (block or flow style): `cp01:`, `{cp01: {...}, cp02: ...}`.
+_KEYS_YAML = re.compile(r"(?:^|[{,\s])['\"]?([^\s'\"{},:#]+)['\"]?\s*:(?=\s|$|[{,])")
 _HOST_LINE_INI = re.compile(r"^\s*([^\s#;\[=][^\s=]*)(?:\s|$)")
 
 
@@ -152,21 +171,23 @@ def _host_lines(path: Path, names: set[str], a: dict) -> dict[str, int]:
         text = path.read_text(errors="replace")
     except OSError:
         return lines
-    pattern = _HOST_LINE_INI if path.suffix not in (".yml", ".yaml", ".json") else _HOST_LINE_YAML
+    yaml_like = path.suffix in (".yml", ".yaml", ".json")
     for number, line in enumerate(text.splitlines(), start=1):
-        match = pattern.match(line)
-        if not match:
-            continue
-        token = match.group(1).strip()
-        candidates = [token]
-        if "[" in token and a["detect_range"](token):
-            try:
-                candidates = a["expand_hostname_range"](token)
-            except Exception:  # a malformed range is Ansible's error to report
-                candidates = []
-        for name in candidates:
-            if name in names and name not in lines:
-                lines[name] = number
+        if yaml_like:
+            tokens = _KEYS_YAML.findall(line.split(" #", 1)[0])
+        else:
+            match = _HOST_LINE_INI.match(line)
+            tokens = [match.group(1)] if match else []
+        for token in tokens:
+            candidates = [token]
+            if "[" in token and a["detect_range"](token):
+                try:
+                    candidates = a["expand_hostname_range"](token)
+                except Exception:  # a malformed range is Ansible's error to report
+                    candidates = []
+            for name in candidates:
+                if name in names and name not in lines:
+                    lines[name] = number
     return lines
 
 
@@ -249,7 +270,8 @@ def read_inventory(path: Path) -> AnsibleInventory:
     previous = a["constants"].INVENTORY_ENABLED
     a["constants"].INVENTORY_ENABLED = list(ENABLED_PLUGINS)
     try:
-        manager = a["InventoryManager"](loader=loader, sources=[str(path)])
+        with _quiet_ansible():
+            manager = a["InventoryManager"](loader=loader, sources=[str(path)])
     except a["AnsibleError"] as exc:
         inv.problems.append(Problem(str(path), None, "", f"Ansible cannot read the inventory: {exc.message}",
                                     "fix the file as the message says"))
