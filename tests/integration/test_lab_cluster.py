@@ -160,6 +160,30 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_survives_losing_the_vip_holder
     changes = {name: recorded[name] for name in rerun if recorded[name]}
     assert changes == {}, f"a second up changed things: {changes}"
 
+    # Convergence follows the hosts: a stopped and disabled kubelet on a joined worker and a
+    # deleted containerd configuration are found and repaired by a plain `up` (no --force),
+    # and only the phases whose result is gone run again.
+    ssh(cluster, f"{NAME}-w2", "systemctl disable --now kubelet")
+    ssh(cluster, f"{NAME}-w1", "rm /etc/containerd/config.toml")
+    t2 = time.monotonic()
+    assert run(["up", str(cluster["inventory"]), "--to", "cni", "--output", "json"]) == 0, \
+        capsys.readouterr().out[-4000:]
+    repair_up = time.monotonic() - t2
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    started = {e["phase"]: e["reason"] for e in events if e["event"] == "PhaseStarted"}
+    assert set(started) == {"preflight", "container_runtime", "workers_join", "cni"}, started
+    assert "config.toml is missing" in started["container_runtime"]
+    assert "kubelet is" in started["workers_join"]
+    skipped = {e["phase"] for e in events if e["event"] == "PhaseSkipped"}
+    assert {"os_prep", "kube_packages", "ha_endpoint", "control_plane_init", "control_plane_join"} <= skipped
+    assert ssh(cluster, f"{NAME}-w2", "systemctl is-enabled kubelet; systemctl is-active kubelet").stdout.split() \
+        == ["enabled", "active"]
+    assert "SystemdCgroup = true" in ssh(cluster, f"{NAME}-w1", "cat /etc/containerd/config.toml").stdout
+    # And once repaired, a plain up asks the hosts and runs nothing.
+    assert run(["up", str(cluster["inventory"]), "--to", "cni", "--output", "json"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [e for e in events if e["event"] == "PhaseStarted"] == []
+
     # The bootstrap tokens this run made exist in the cluster; none of them, nor the lab
     # mirror's password, is in any file gpuboot wrote (run logs, runner artifacts, state)
     # or in its terminal output.
@@ -192,5 +216,6 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_survives_losing_the_vip_holder
     assert len(answer.stdout.split()) == 5
     survivors = [h for h in names[:3] if h != holder]
     assert _vip_holder(cluster, survivors, vip) in survivors
-    print(f"\nreal cluster: first up {first_up:.0f}s, second up {second_up:.0f}s (0 changes), VIP holder {holder} "
+    print(f"\nreal cluster: first up {first_up:.0f}s, second up {second_up:.0f}s (0 changes), repair up "
+          f"{repair_up:.0f}s (stopped kubelet, deleted containerd config), VIP holder {holder} "
           f"stopped, API through the VIP answered after {answered_after:.1f}s")

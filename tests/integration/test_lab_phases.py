@@ -101,8 +101,14 @@ def test_plain_ansible_playbook_runs_the_same_phase(lab):
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, ANSIBLE_CONFIG=str(root / "ansible.cfg"), ANSIBLE_HOST_KEY_CHECKING="True",
                ANSIBLE_CACHE_PLUGIN_CONNECTION=str(lab["root"] / "plain-facts"))
+    from gpuboot.config.loader import load_cluster
+    from gpuboot.phases.render import write_settings
+    # The validated settings, as `gpuboot render --out DIR` writes them to DIR/cluster/settings.yml.
+    settings = lab["root"] / "plain" / "settings.yml"
+    write_settings(load_cluster(lab["inventory"]), settings)
     playbook = Path(sys.executable).parent / "ansible-playbook"
-    proc = subprocess.run([str(playbook), "-i", str(lab["inventory"]), str(root / "playbooks" / "os_prep.yml")],
+    proc = subprocess.run([str(playbook), "-i", str(lab["inventory"]), "-e", f"@{settings}",
+                           str(root / "playbooks" / "os_prep.yml")],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     recap = proc.stdout[proc.stdout.index("PLAY RECAP"):]
