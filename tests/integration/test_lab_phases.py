@@ -88,7 +88,8 @@ def test_preflight_reports_every_problem_on_every_host_at_once(lab, tmp_path, ca
     assert len(failures) == 1  # one summary task, run once
     for host in lab["state"].addresses:
         assert f"{host}: " in failures[0]["message"] and "MiB memory" in failures[0]["message"]
-    finished = events[-1]
+    assert events[-1]["event"] == "Error" and events[-1]["error"]["exit_code"] == 4  # the last JSON line
+    finished = next(e for e in reversed(events) if e["event"] == "RunFinished")
     assert finished["status"] == "failed" and finished["resume"].endswith("--from preflight")
 
 

@@ -20,3 +20,23 @@ def test_molecule_scenarios_pass(tmp_path, lab):
     failed = {r.role: r.log.read_text()[-3000:] for r in results if not r.ok}
     assert not failed, failed
     assert {r.role for r in results} == set(roles_with_scenarios())
+
+
+def test_a_scenario_is_reused_only_while_its_inputs_are_unchanged(tmp_path, monkeypatch):
+    from gpuboot.lab import molecule
+    copy = tmp_path / "content"
+    for part in ("playbooks", "mirror"):
+        (copy / part).mkdir(parents=True)
+    import shutil
+    shutil.copytree(molecule.content.content_dir() / "roles" / "os_prep", copy / "roles" / "os_prep")
+    monkeypatch.setenv("GPUBOOT_CONTENT_DIR", str(copy))
+    key = molecule.scenario_key("os_prep", "localhost/gpuboot-node:abc")
+    assert key == molecule.scenario_key("os_prep", "localhost/gpuboot-node:abc")
+    assert key != molecule.scenario_key("os_prep", "localhost/gpuboot-node:def")  # another image
+    tasks = copy / "roles" / "os_prep" / "tasks" / "main.yml"
+    tasks.write_text(tasks.read_text() + "\n# an edit\n")
+    assert key != molecule.scenario_key("os_prep", "localhost/gpuboot-node:abc")
+    verify = copy / "roles" / "os_prep" / "molecule" / "default" / "verify.yml"
+    before = molecule.scenario_key("os_prep", "localhost/gpuboot-node:abc")
+    verify.write_text(verify.read_text() + "\n# the scenario changed\n")
+    assert before != molecule.scenario_key("os_prep", "localhost/gpuboot-node:abc")

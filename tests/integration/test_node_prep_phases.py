@@ -65,7 +65,8 @@ def test_missing_kubernetes_packages_are_explained(lab, capsys):
     """Debian's own sources have no kubeadm: the phase fails and says where packages must come from."""
     assert run(["up", str(lab["inventory"]), "--only", "kube_packages", "--force", "--output", "json"]) == 4
     events = events_of(capsys.readouterr().out)
-    finished = events[-1]
+    assert events[-1]["event"] == "Error" and events[-1]["error"]["exit_code"] == 4  # the last JSON line
+    finished = next(e for e in reversed(events) if e["event"] == "RunFinished")
     assert finished["status"] == "failed" and finished["resume"].endswith("--from kube_packages")
     messages = " ".join(f["message"] for f in finished["failures"])
     assert f"kubeadm, kubelet, kubectl {DEBIAN['kube_packages']['version']} could not be installed" in messages

@@ -197,8 +197,9 @@ def _wants_json(argv: list[str]) -> bool:
 
 
 def _error_json(exc: Exception, code: int) -> str:
-    """An error as the one JSON document on stdout (`--output json`)."""
-    body: dict = {"error": {"kind": type(exc).__name__, "exit_code": code,
+    """An error as JSON on stdout (`--output json`): the last line of a run's event stream,
+    or the one document of a command that prints a document."""
+    body: dict = {"event": "Error", "error": {"kind": type(exc).__name__, "exit_code": code,
                             "message": getattr(exc, "message", str(exc)), "fix": getattr(exc, "hint", None)}}
     problems = getattr(exc, "problems", None)
     if problems:
