@@ -4,10 +4,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gpuboot.config.loader import load_cluster
-from gpuboot.config.model import GpubootSettings
 from gpuboot.errors import InventoryError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import yaml
 
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import UsageError
-from gpuboot.phases.catalog import UP, hosts_for
+from gpuboot.phases.catalog import UP
 from gpuboot.phases.select import Selection, select
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +87,6 @@ def test_bad_selection_is_a_usage_error(sel, message):
 
 def test_host_patterns_resolve_like_ansible():
     cluster = load_cluster(ROOT / "inventories" / "sample" / "inventory.yml")
-    assert hosts_for(cluster, "control_plane[0]") == ["cp01"]
-    assert hosts_for(cluster, "control_plane[1:]") == ["cp02", "cp03"]
-    assert hosts_for(cluster, "control_plane:workers") == ["cp01", "cp02", "cp03", "cpu01", "gpu01", "gpu02"]
+    assert cluster.hosts_matching("control_plane[0]") == ["cp01"]
+    assert cluster.hosts_matching("control_plane[1:]") == ["cp02", "cp03"]
+    assert cluster.hosts_matching("control_plane:workers") == ["cp01", "cp02", "cp03", "cpu01", "gpu01", "gpu02"]

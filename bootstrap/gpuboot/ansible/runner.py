@@ -16,6 +16,7 @@ from typing import Callable
 import ansible_runner
 
 from gpuboot.ansible.translate import translate
+from gpuboot.files import write_private
 from gpuboot.events import Event
 
 
@@ -73,9 +74,7 @@ def _extravars_file(request: PlaybookRun) -> str | None:
     if not request.extravars:
         return None
     path = request.artifact_dir / f"{request.ident}.extravars.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(request.extravars, handle)
+    write_private(path, json.dumps(request.extravars))
     return str(path)
 
 

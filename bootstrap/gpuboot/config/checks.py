@@ -132,13 +132,12 @@ def _nic_duplicates(node: Node) -> list[Problem]:
 
 def host_address(name: str, address: str, where: Where) -> list[Problem]:
     """ansible_host must be an IP address or a DNS name: anything else reaches ssh and configs."""
-    if _ip(address) is not None or HOSTNAME.match(address):
-        return []
     try:
-        ip_address(address)
+        ip_address(address)  # IPv4 or IPv6
         return []
     except ValueError:
-        pass
+        if HOSTNAME.match(address):
+            return []
     return [Problem(where.file, where.line, f"{name}.ansible_host",
                     f"{address!r} is neither an IP address nor a DNS name",
                     "write the node's address (e.g. 10.20.1.21) or its DNS name")]

@@ -10,7 +10,9 @@ import difflib
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from gpuboot.config import yamlloc
@@ -22,8 +24,9 @@ ENABLED_PLUGINS = ("yaml", "ini", "toml")
 INVENTORY_ONLY = ("all_inventory", "groups_inventory", "all_plugins_inventory", "groups_plugins_inventory")
 
 
-def _ansible():
-    """Import Ansible lazily (about 0.5 s) and only here."""
+@cache
+def _ansible() -> SimpleNamespace:
+    """Import Ansible lazily (about 0.5 s: commands that read no inventory skip it), and only here."""
     from ansible import constants
     from ansible._internal._datatag._tags import Origin
     from ansible.errors import AnsibleError
@@ -34,7 +37,11 @@ def _ansible():
     from ansible.plugins.loader import inventory_loader, vars_loader
     from ansible.utils.vars import combine_vars
     from ansible.vars.plugins import get_vars_from_inventory_sources
-    return locals()
+    return SimpleNamespace(
+        constants=constants, Origin=Origin, AnsibleError=AnsibleError, sort_groups=sort_groups,
+        InventoryManager=InventoryManager, DataLoader=DataLoader, detect_range=detect_range,
+        expand_hostname_range=expand_hostname_range, inventory_loader=inventory_loader, vars_loader=vars_loader,
+        combine_vars=combine_vars, get_vars_from_inventory_sources=get_vars_from_inventory_sources)
 
 
 @dataclass
@@ -50,7 +57,7 @@ class Where:
     name: Any = None
 
     def _origin(self):
-        origin_type = _ansible()["Origin"]
+        origin_type = _ansible().Origin
         found = origin_type.get_tag(self.name) or origin_type.get_tag(self.root)
         value = self.root
         for key in self.path:
@@ -92,8 +99,9 @@ class InventoryHost:
     line: int | None
 
     def where(self, var: str) -> Where:
-        name = next((k for k in self.vars if k == var), None)
-        return Where(self.vars.get(var), (), self.file, self.line, name)
+        if var not in self.vars:
+            return Where(None, (), self.file, self.line)
+        return _defined(self.vars, var, self.file, self.line)
 
 
 @dataclass
@@ -101,7 +109,6 @@ class AnsibleInventory:
     path: Path
     hosts: dict[str, InventoryHost] = field(default_factory=dict)
     group_children: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    all_vars: dict[str, Any] = field(default_factory=dict)
     # (variable, group or host name, Where) for every definition below the group `all`
     scoped_definitions: list[tuple[str, str, Where]] = field(default_factory=list)
     all_definitions: dict[str, list[Where]] = field(default_factory=dict)
@@ -144,19 +151,14 @@ def _quiet_ansible():
             display.warning = saved
 
 
-class _Loader:
+def _fast_loader():
     """Ansible's DataLoader without the defensive deep copy of a fresh parse (it doubles
     the cost of a large inventory; the plugin owns the result anyway)."""
-
-    @staticmethod
-    def make():
-        base = _ansible()["DataLoader"]
-
-        class FastLoader(base):
-            def load_from_file(self, file_name, cache="all", unsafe=False, json_only=False, trusted_as_template=False):
-                return super().load_from_file(file_name, cache=cache, unsafe=unsafe or cache == "none",
-                                              json_only=json_only, trusted_as_template=trusted_as_template)
-        return FastLoader()
+    class FastLoader(_ansible().DataLoader):
+        def load_from_file(self, file_name, cache="all", unsafe=False, json_only=False, trusted_as_template=False):
+            return super().load_from_file(file_name, cache=cache, unsafe=unsafe or cache == "none",
+                                          json_only=json_only, trusted_as_template=trusted_as_template)
+    return FastLoader()
 
 
 # Every key on a YAML line (block or flow style): `cp01:`, `{cp01: {...}, cp02: ...}`.
@@ -164,7 +166,7 @@ _KEYS_YAML = re.compile(r"(?:^|[{,\s])['\"]?([^\s'\"{},:#]+)['\"]?\s*:(?=\s|$|[{
 _HOST_LINE_INI = re.compile(r"^\s*([^\s#;\[=][^\s=]*)(?:\s|$)")
 
 
-def _host_lines(path: Path, names: set[str], a: dict) -> dict[str, int]:
+def _host_lines(path: Path, names: set[str], a: SimpleNamespace) -> dict[str, int]:
     """Where each host is first written in the inventory file (ranges expanded)."""
     lines: dict[str, int] = {}
     try:
@@ -180,9 +182,9 @@ def _host_lines(path: Path, names: set[str], a: dict) -> dict[str, int]:
             tokens = [match.group(1)] if match else []
         for token in tokens:
             candidates = [token]
-            if "[" in token and a["detect_range"](token):
+            if "[" in token and a.detect_range(token):
                 try:
-                    candidates = a["expand_hostname_range"](token)
+                    candidates = a.expand_hostname_range(token)
                 except Exception:  # a malformed range is Ansible's error to report
                     candidates = []
             for name in candidates:
@@ -191,18 +193,18 @@ def _host_lines(path: Path, names: set[str], a: dict) -> dict[str, int]:
     return lines
 
 
-def _diagnose(path: Path, loader, a: dict) -> list[Problem]:
+def _diagnose(path: Path, loader, a: SimpleNamespace) -> list[Problem]:
     """The source parsed with no plugin: ask each one why, and report the likeliest."""
     from ansible.inventory.data import InventoryData
     reasons = []
     for name in ENABLED_PLUGINS:
-        plugin = a["inventory_loader"].get(name)
+        plugin = a.inventory_loader.get(name)
         try:
             if not plugin.verify_file(str(path)):
                 continue
             plugin.parse(InventoryData(), loader, str(path), cache=False)
         except Exception as exc:  # every plugin's failure is a reason to show
-            origin = a["Origin"].get_tag(getattr(exc, "obj", None)) if hasattr(exc, "obj") else None
+            origin = a.Origin.get_tag(getattr(exc, "obj", None))
             line = origin.line_num if origin is not None else None
             reasons.append((name, str(getattr(exc, "message", exc)).splitlines()[0], line))
     yaml_like = path.suffix in (".yml", ".yaml")
@@ -266,78 +268,65 @@ def read_inventory(path: Path) -> AnsibleInventory:
     inv.problems += vars_problems
     inv.files += vars_files
     a = _ansible()
-    loader = _Loader.make()
-    previous = a["constants"].INVENTORY_ENABLED
-    a["constants"].INVENTORY_ENABLED = list(ENABLED_PLUGINS)
+    loader = _fast_loader()
+    previous = a.constants.INVENTORY_ENABLED
+    a.constants.INVENTORY_ENABLED = list(ENABLED_PLUGINS)
     try:
         with _quiet_ansible():
-            manager = a["InventoryManager"](loader=loader, sources=[str(path)])
-    except a["AnsibleError"] as exc:
+            manager = a.InventoryManager(loader=loader, sources=[str(path)])
+    except a.AnsibleError as exc:
         inv.problems.append(Problem(str(path), None, "", f"Ansible cannot read the inventory: {exc.message}",
                                     "fix the file as the message says"))
         return inv
     finally:
-        a["constants"].INVENTORY_ENABLED = previous
+        a.constants.INVENTORY_ENABLED = previous
     inv.manager = manager
     data = manager._inventory  # noqa: SLF001  (the parsed InventoryData; Ansible has no public getter)
     if not data.processed_sources:
         inv.problems += _diagnose(path, loader, a)
         return inv
-    sources = [str(path)]
-    combine = a["combine_vars"]
+    inv.problems += _orphan_vars_files(path, set(data.groups), set(data.hosts))
+    _resolve_variables(inv, data, loader, a)
+    return inv
 
+
+def _resolve_variables(inv: AnsibleInventory, data, loader, a: SimpleNamespace) -> None:
+    """Each host's variables in Ansible's precedence (inventory stages of VARIABLE_PRECEDENCE,
+    then the host's own), each group's and host's computed once, and where each is defined."""
+    file = str(inv.path)
     # The vars plugins (host_group_vars reads group_vars/ and host_vars/) as the enabled list
     # names them; stage "all" is what ansible-inventory and a play both see.
-    list(a["vars_loader"].all(class_only=True))
-    for plugin_name in a["constants"].VARIABLE_PLUGINS_ENABLED:
-        a["vars_loader"].get(plugin_name)
+    list(a.vars_loader.all(class_only=True))
+    for plugin_name in a.constants.VARIABLE_PLUGINS_ENABLED:
+        a.vars_loader.get(plugin_name)
 
     def plugin_vars(entity) -> dict:
-        return a["get_vars_from_inventory_sources"](loader, sources, [entity], "all")
+        return a.get_vars_from_inventory_sources(loader, [file], [entity], "all")
 
     groups = data.groups
     group_own = {name: g.get_vars() for name, g in groups.items()}
     group_plugin = {name: plugin_vars(g) for name, g in groups.items()}
     inv.group_children = {name: tuple(c.name for c in g.child_groups) for name, g in groups.items()}
-    inv.all_vars = combine(group_own.get("all", {}), group_plugin.get("all", {}))
-    for var in set(group_own.get("all", {})) | set(group_plugin.get("all", {})):
-        inv.all_definitions[var] = [_defined(d, var, str(path)) for d in (group_own["all"], group_plugin["all"]) if var in d]
+    for var in set(group_own["all"]) | set(group_plugin["all"]):
+        inv.all_definitions[var] = [_defined(d, var, file) for d in (group_own["all"], group_plugin["all"]) if var in d]
     for name in groups:
-        if name in ("all", "ungrouped"):
-            continue
-        for layer in (group_own[name], group_plugin[name]):
-            for var in layer:
-                inv.scoped_definitions.append((str(var), name, _defined(layer, var, str(path))))
+        if name not in ("all", "ungrouped"):
+            for layer in (group_own[name], group_plugin[name]):
+                inv.scoped_definitions += [(str(var), name, _defined(layer, var, file)) for var in layer]
 
-    inv.problems += _orphan_vars_files(path, set(groups), set(data.hosts))
-    precedence = [e for e in a["constants"].VARIABLE_PRECEDENCE if e in INVENTORY_ONLY]
-    host_names = list(data.hosts)
-    lines = _host_lines(path, set(host_names), a)
-    for name in host_names:
-        host = data.hosts[name]
-        member_of = a["sort_groups"]([g for g in host.get_groups() if g.name != "all"])
-        layers = {
-            "all_inventory": group_own.get("all", {}),
-            "all_plugins_inventory": group_plugin.get("all", {}),
-            "groups_inventory": [group_own[g.name] for g in member_of],
-            "groups_plugins_inventory": [group_plugin[g.name] for g in member_of],
-        }
-        merged: dict[str, Any] = {}
-        for entry in precedence:
-            layer = layers[entry]
-            for part in (layer if isinstance(layer, list) else [layer]):
-                merged = combine(merged, part)
+    precedence = [e for e in a.constants.VARIABLE_PRECEDENCE if e in INVENTORY_ONLY]
+    lines = _host_lines(inv.path, set(data.hosts), a)
+    for name, host in data.hosts.items():
+        member_of = a.sort_groups([g for g in host.get_groups() if g.name != "all"])
+        layers = {"all_inventory": [group_own["all"]], "all_plugins_inventory": [group_plugin["all"]],
+                  "groups_inventory": [group_own[g.name] for g in member_of],
+                  "groups_plugins_inventory": [group_plugin[g.name] for g in member_of]}
         own = {k: v for k, v in host.get_vars().items() if k not in ("inventory_file", "inventory_dir")}
         own_plugin = plugin_vars(host)
-        merged = combine(combine(merged, own), own_plugin)
+        merged: dict[str, Any] = {}
+        for part in [*(p for entry in precedence for p in layers[entry]), own, own_plugin]:
+            merged = a.combine_vars(merged, part)
         for layer in (own, own_plugin):
-            for var in layer:
-                inv.scoped_definitions.append((str(var), name, _defined(layer, var, str(path), lines.get(name))))
-        inv.hosts[name] = InventoryHost(
-            name=name,
-            groups=tuple(g.name for g in member_of) + ("all",),
-            vars=merged,
-            file=str(path),
-            line=lines.get(name),
-        )
-    return inv
+            inv.scoped_definitions += [(str(var), name, _defined(layer, var, file, lines.get(name))) for var in layer]
+        inv.hosts[name] = InventoryHost(name=name, groups=tuple(g.name for g in member_of) + ("all",),
+                                        vars=merged, file=file, line=lines.get(name))

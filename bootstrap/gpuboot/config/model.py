@@ -239,6 +239,11 @@ class Cluster(BaseModel):
         cluster = {n.name for n in self.nodes}
         return [h for h in self._inventory.hosts_matching(pattern) if h in cluster]
 
+    @property
+    def first_control_plane(self) -> str | None:
+        """Where kubeadm init runs and the cluster lock lives."""
+        return next(iter(self.hosts_matching("control_plane[0]")), None)
+
     def host_inputs(self, name: str) -> dict[str, Any]:
         """The host's inventory variables as Ansible merged them (part of a phase's inputs)."""
         if self._inventory is None or name not in self._inventory.hosts:

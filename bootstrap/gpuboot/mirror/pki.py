@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 from pathlib import Path
 
 from cryptography import x509
@@ -12,13 +11,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-
-def write_private(path: Path, data: bytes | str) -> None:
-    """Write a file only its owner reads (created 0600, never world-readable for a moment)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data.encode() if isinstance(data, str) else data)
+from gpuboot.files import write_private
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:

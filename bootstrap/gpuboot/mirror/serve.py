@@ -21,6 +21,7 @@ import yaml
 
 from gpuboot import content
 from gpuboot.errors import MirrorError
+from gpuboot.files import write_private
 from gpuboot.mirror import pki
 from gpuboot.mirror.registry import read_credentials
 
@@ -68,7 +69,7 @@ def write_config(spec: ServeSpec) -> Path:
         user, password = read_credentials(str(spec.credentials_file))  # type: ignore[misc]
         hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=10)).decode()
         htpasswd = str(spec.root / "htpasswd")
-        pki.write_private(Path(htpasswd), f"{user}:{hashed}\n")
+        write_private(Path(htpasswd), f"{user}:{hashed}\n")
     templates = content.content_dir() / "roles" / "registry_mirror" / "templates"
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True)
@@ -79,14 +80,14 @@ def write_config(spec: ServeSpec) -> Path:
         registry_mirror_htpasswd_dest=htpasswd)
     yaml.safe_load(text)  # a template change that breaks YAML fails here, not in the registry
     path = spec.root / "config.yml"
-    pki.write_private(path, text)
+    write_private(path, text)
     return path
 
 
 def _http_secret(root: Path) -> str:
     path = root / "http-secret"
     if not path.is_file():
-        pki.write_private(path, secrets.token_hex(32))
+        write_private(path, secrets.token_hex(32))
     return path.read_text().strip()
 
 

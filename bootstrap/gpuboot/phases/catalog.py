@@ -169,8 +169,3 @@ CATALOGS = {"up": UP}
 
 def by_name(catalog: tuple[Phase, ...]) -> dict[str, Phase]:
     return {p.name: p for p in catalog}
-
-
-def hosts_for(cluster: Cluster, pattern: str) -> list[str]:
-    """The hosts of an Ansible pattern, resolved by Ansible's own inventory code."""
-    return cluster.hosts_matching(pattern)

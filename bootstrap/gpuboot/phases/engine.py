@@ -20,7 +20,7 @@ from gpuboot.errors import GpubootError, Interrupted, LockedError, PhaseFailed
 from gpuboot.events import (Event, Failure, HostResult, PhaseFinished, PhaseSkipped, PhaseStarted,
                             PlaybookStats, RunFinished, RunStarted)
 from gpuboot.phases import convergence
-from gpuboot.phases.catalog import Phase, hosts_for
+from gpuboot.phases.catalog import Phase
 from gpuboot.runlog import RunLog, tee
 from gpuboot.state import ClusterState, new_run_id
 
@@ -154,7 +154,7 @@ class Engine:
             self.failures.append(Failure(event.host, event.task, event.message))
         self.sink(event)
 
-    def _state_run(self, action: str, run_dir: Path, run_id: str, entries: list, first: str,
+    def state_run(self, action: str, run_dir: Path, run_id: str, entries: list, first: str,
                    **extra: object) -> list[HostResult]:
         """gpuboot's bookkeeping on the hosts (lock, probe, record): its events are data, not progress."""
         collected: list[HostResult] = []
@@ -165,29 +165,29 @@ class Engine:
                        lambda e: collected.append(e) if isinstance(e, HostResult) else None, "the cluster lock")
         return collected
 
-    def _begin(self, run_dir: Path, run_id: str, first: str, entries: list) -> convergence.Probe:
-        """Take the cluster lock on the first control plane and ask the hosts."""
-        holder = convergence.holder(run_id, self.options.command, self.state.root.parent)
-        finished = {r["run_id"] for r in self.state.load()["runs"]}
-        takeover: list[str] = []
-        for _ in range(2):
-            results = self._state_run("begin", run_dir, run_id, entries, first,
-                                      gpuboot_lock_holder=holder, gpuboot_lock_takeover=takeover)
-            lock = next((r for r in results if r.host == first and r.task.endswith("take the cluster lock")), None)
-            if lock is None or lock.status in ("failed", "unreachable") or not isinstance(lock.data, dict):
-                why = lock.message if lock is not None else "no answer"
-                raise GpubootError(f"cannot take the cluster lock on {first}: {why}",
-                                   hint=f"the first control plane must be reachable over SSH; then re-run gpuboot {self.options.command}")
-            if lock.data.get("acquired"):
-                return convergence.probe_from(results, [e["name"] for e in entries])
-            other = lock.data.get("holder") or {}
-            if not convergence.is_dead(other, finished) or takeover:
-                raise LockedError(f"cluster {self.cluster.settings.cluster_name} is locked on {first} by "
-                                  f"{convergence.describe_holder(other)}",
-                                  hint=f"wait for that run to finish; if it is gone, run "
-                                       f"`gpuboot unlock {self.cluster.inventory}` (removes /var/lib/gpuboot/lock on {first})")
-            takeover = [str(other.get("run_id"))]
-        raise AssertionError("unreachable")
+    def _begin(self, run_dir: Path, run_id: str, first: str, entries: list, holder: dict) -> convergence.Probe:
+        """Take the cluster lock on the first control plane and ask the hosts. A lock whose
+        holder is provably dead is taken over once; any other holder refuses the run."""
+        results = self.state_run("begin", run_dir, run_id, entries, first, gpuboot_lock_holder=holder)
+        other = self._lock_holder(results, first)
+        if other is not None and convergence.is_dead(other, {r["run_id"] for r in self.state.load()["runs"]}):
+            results = self.state_run("begin", run_dir, run_id, entries, first, gpuboot_lock_holder=holder,
+                                     gpuboot_lock_takeover=[str(other.get("run_id"))])
+            other = self._lock_holder(results, first)
+        if other is not None:
+            raise LockedError(f"cluster {self.cluster.settings.cluster_name} is locked on {first} by "
+                              f"{convergence.describe_holder(other)}",
+                              hint=f"wait for that run to finish; if it is gone, run `gpuboot unlock "
+                                   f"{self.cluster.inventory} --yes-the-run-is-gone` (removes /var/lib/gpuboot/lock on {first})")
+        return convergence.probe_from(results, [e["name"] for e in entries])
+
+    def _lock_holder(self, results: list[HostResult], first: str) -> dict | None:
+        """None when this run holds the lock, else who does."""
+        lock = next((r for r in results if r.host == first and r.task.endswith("take the cluster lock")), None)
+        if lock is None or lock.status in ("failed", "unreachable") or not isinstance(lock.data, dict):
+            raise GpubootError(f"cannot take the cluster lock on {first}: {lock.message if lock else 'no answer'}",
+                               hint=f"the first control plane must be reachable over SSH; then re-run gpuboot {self.options.command}")
+        return None if lock.data.get("acquired") else (lock.data.get("holder") or {})
 
     def _plan(self, phases: list[Phase], probe: convergence.Probe | None,
               digests: dict[str, str], hosts: dict[str, list[str]]) -> dict[str, tuple[bool, str]]:
@@ -231,17 +231,18 @@ class Engine:
         succeeded: list[tuple[Phase, str, list[str]]] = []
         status = "ok"
         resume = None
-        hosts = {p.name: hosts_for(self.cluster, p.hosts) for p in phases}
+        hosts = {p.name: self.cluster.hosts_matching(p.hosts) for p in phases}
         digests = {p.name: convergence.fingerprint(self.cluster, p, hosts[p.name]) for p in phases}
-        first = (self.cluster.hosts_matching("control_plane[0]") or [None])[0]
+        first = self.cluster.first_control_plane
         on_hosts = self.options.record_state and not self.options.check and first is not None
+        holder = convergence.holder(run_id, self.options.command, self.state.root.parent)
         locked = False
         try:
             with self.state.lock(self.options.command):
                 probe = None
                 if on_hosts:
                     entries = convergence.state_phases([(p, digests[p.name], hosts[p.name]) for p in phases])
-                    probe = self._begin(run_dir, run_id, first, entries)
+                    probe = self._begin(run_dir, run_id, first, entries, holder)
                     locked = True
                 decision = self._plan(phases, probe, digests, hosts)
                 for index, phase in enumerate(phases, start=1):
@@ -272,19 +273,15 @@ class Engine:
                             self.failures.append(Failure("-", phase.name,
                                                          f"ansible-playbook ended with {result.status} (rc {result.rc}); see {result.stdout_path}"))
                         break
-                if locked:
-                    locked = False
-                    self._state_run("end", run_dir, run_id, convergence.state_phases(succeeded), first,
-                                    gpuboot_lock_holder=convergence.holder(run_id, self.options.command,
-                                                                           self.state.root.parent))
         except Interrupted as exc:
             status, resume = "interrupted", exc.hint
         finally:
-            if locked:  # interrupted or failed before the end: give the lock back, record nothing
+            # Record what the phases that succeeded left on their hosts, and give the lock back,
+            # however the run ended (a second Ctrl-C here leaves the lock for `unlock`).
+            if locked:
                 try:
-                    self._state_run("end", run_dir, run_id, [], first,
-                                    gpuboot_lock_holder=convergence.holder(run_id, self.options.command,
-                                                                           self.state.root.parent))
+                    self.state_run("end", run_dir, run_id, convergence.state_phases(succeeded), first,
+                                   gpuboot_lock_holder=holder)
                 except (GpubootError, KeyboardInterrupt):
                     pass
         finished = RunFinished(run_id, status, ran, list(self.failures), str(log), resume,
@@ -308,12 +305,12 @@ def raise_for(finished: RunFinished) -> None:
 
 def unlock_cluster(cluster: Cluster, state: ClusterState, runner: Runner = run_playbook) -> str | None:
     """Remove the cluster lock on the first control plane, whoever holds it; returns who did."""
-    first = (cluster.hosts_matching("control_plane[0]") or [None])[0]
+    first = cluster.first_control_plane
     if first is None:
         raise GpubootError("the inventory has no control plane to hold a lock")
     engine = Engine(cluster, state, RunOptions(command="unlock"), lambda event: None, runner)
     run_id = new_run_id()
-    results = engine._state_run("end", state.run_dir(run_id), run_id, [], first,  # noqa: SLF001
+    results = engine.state_run("end", state.run_dir(run_id), run_id, [], first,
                                 gpuboot_lock_holder=convergence.holder(run_id, "unlock", state.root.parent),
                                 gpuboot_lock_force=True)
     release = next((r for r in results if r.task.endswith("release the cluster lock")), None)

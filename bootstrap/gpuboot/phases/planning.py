@@ -4,7 +4,7 @@ hosts (their answer is what `plan --check` and `up` show)."""
 from __future__ import annotations
 
 from gpuboot.config.model import Cluster
-from gpuboot.phases.catalog import Phase, hosts_for
+from gpuboot.phases.catalog import Phase
 from gpuboot.phases.convergence import fingerprint
 from gpuboot.state import ClusterState
 
@@ -15,7 +15,7 @@ def describe(cluster: Cluster, phases: list[Phase], state: ClusterState) -> list
     stopped = None
     for phase in phases:
         previous = record.get(phase.name, {})
-        hosts = hosts_for(cluster, phase.hosts)
+        hosts = cluster.hosts_matching(phase.hosts)
         stops = phase.stops_because(cluster.settings)
         if stopped:
             action = f"not reached: up stops at {stopped}"
