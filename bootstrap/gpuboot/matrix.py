@@ -56,7 +56,8 @@ def available(releases_dir: Path | None = None) -> list[str]:
     return sorted(p.stem for p in base.glob("*.yml"))
 
 
-def load(name: str, releases_dir: Path | None = None) -> Release:
+def entry(name: str, releases_dir: Path | None = None) -> dict:
+    """A release's entry as written in the matrix (what the playbooks see as gpuboot_release)."""
     base = releases_dir or content.releases_dir()
     path = base / f"{name}.yml"
     if not path.is_file():
@@ -66,6 +67,12 @@ def load(name: str, releases_dir: Path | None = None) -> Release:
     body = data.get("gpuboot_release") if isinstance(data, dict) else None
     if not isinstance(body, dict):
         raise MatrixError(f"{path}: the top-level key must be gpuboot_release")
+    return body
+
+
+def load(name: str, releases_dir: Path | None = None) -> Release:
+    body = entry(name, releases_dir)
+    path = (releases_dir or content.releases_dir()) / f"{name}.yml"
     try:
         return Release.model_validate(body)
     except ValidationError as exc:

@@ -1,4 +1,4 @@
-"""Benchmark: `gpuboot validate` and `gpuboot plan` of large inventories, in YAML (per-host
+"""Benchmark: `gpuboot validate`, `gpuboot plan` and `gpuboot render` of large inventories, in YAML (per-host
 settings written out, the heaviest form) and INI (ranges, settings on the group). Each run
 is a fresh `gpuboot` process, as an operator or CI would start it. Not a test: run it by
 hand and record the numbers.
@@ -76,11 +76,13 @@ def main() -> None:
                 rows.append({"form": form, "workers": workers, "bytes": size,
                              "validate_s": round(timed("validate", str(inventory), state=root / "state"), 2),
                              "plan_s": round(timed("plan", str(inventory), "--output", "json",
-                                                   state=root / "state"), 2)})
+                                                   state=root / "state"), 2),
+                             "render_s": round(timed("render", str(inventory), "--out", str(root / "render"),
+                                                     state=root / "state"), 2)})
                 print(json.dumps(rows[-1]), flush=True)
-    print(f"{'form':5} {'workers':>7} {'MB':>6} {'validate s':>10} {'plan s':>7}")
+    print(f"{'form':5} {'workers':>7} {'MB':>6} {'validate s':>10} {'plan s':>7} {'render s':>8}")
     for row in rows:
-        print(f"{row['form']:5} {row['workers']:7d} {row['bytes'] / 1e6:6.2f} {row['validate_s']:10.2f} {row['plan_s']:7.2f}")
+        print(f"{row['form']:5} {row['workers']:7d} {row['bytes'] / 1e6:6.2f} {row['validate_s']:10.2f} {row['plan_s']:7.2f} {row['render_s']:8.2f}")
 
 
 if __name__ == "__main__":

@@ -107,3 +107,19 @@ def test_an_ini_inventory_that_ansible_cannot_read_names_the_line(tmp_path):
     with pytest.raises(InventoryError) as info:
         load_cluster(inventory)
     assert any("ini inventory" in p.message for p in info.value.problems), info.value.problems
+
+
+def rendered_tree(inventory: Path, out: Path) -> dict[str, str]:
+    from gpuboot.phases.render import render
+    files = render(load_cluster(inventory), out, ())
+    return {str(p.relative_to(out)): p.read_text() for p in files}
+
+
+@pytest.mark.parametrize("form", ["ranges", "ini"])
+def test_render_is_the_same_for_every_form(form, tmp_path):
+    want = rendered_tree(INVENTORIES["yaml"], tmp_path / "yaml")
+    got = rendered_tree(INVENTORIES[form], tmp_path / form)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], name
+    assert "gpu02/etc/modprobe.d/gpuboot-blacklist-nouveau.conf" in got

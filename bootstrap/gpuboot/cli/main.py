@@ -35,6 +35,8 @@ class App:
 
 
 pass_app = click.make_pass_decorator(App)
+# `render` lists files one by one up to this many; beyond, it says how many.
+RENDER_LISTED_FILES = 200
 inventory_arg = click.argument("inventory", type=click.Path(dir_okay=False))
 
 
@@ -162,12 +164,14 @@ def render(app: App, inventory: str, phases: tuple[str, ...], out: str) -> None:
     """Write every configuration file the phases would produce, touching no host."""
     from gpuboot.phases.render import render as render_files
     cluster = load_cluster(inventory)
-    state = app.cluster_state(cluster)
-    files = render_files(cluster, Path(out), phases, state, lambda event: None)
+    files = render_files(cluster, Path(out), phases)
     root = Path(out).resolve()
-    for path in files:
-        app.console.print(f"  {path.relative_to(root)}")
-    app.console.print(f"[green]rendered[/] {len(files)} files into {out}")
+    # A list a person reads; for a large fleet the directory is the list.
+    if len(files) <= RENDER_LISTED_FILES:
+        for path in files:
+            app.console.print(f"  {path.relative_to(root)}")
+    hosts = len({path.relative_to(root).parts[0] for path in files})
+    app.console.print(f"[green]rendered[/] {len(files)} files for {hosts - 1} hosts into {out}")
 
 
 @cli.command()

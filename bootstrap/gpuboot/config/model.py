@@ -240,6 +240,13 @@ class Cluster(BaseModel):
         return [h for h in self._inventory.hosts_matching(pattern) if h in cluster]
 
     @property
+    def inventory_manager(self) -> Any:
+        """Ansible's InventoryManager for this inventory (for Ansible's own variable code)."""
+        if self._inventory is None:
+            raise RuntimeError("this Cluster was not loaded from an inventory")
+        return self._inventory.manager
+
+    @property
     def first_control_plane(self) -> str | None:
         """Where kubeadm init runs and the cluster lock lives."""
         return next(iter(self.hosts_matching("control_plane[0]")), None)
@@ -253,8 +260,11 @@ class Cluster(BaseModel):
     def extravars(self) -> dict[str, Any]:
         """The validated settings as Ansible reads them: every default filled in by this model.
         File references only: validation refuses inline secrets."""
+        from gpuboot import matrix
         return {"gpuboot_settings": self.settings.model_dump(mode="json"),
-                "gpuboot_nodes": {n.name: n.settings.model_dump(mode="json") for n in self.nodes}}
+                "gpuboot_nodes": {n.name: n.settings.model_dump(mode="json") for n in self.nodes},
+                # The matrix entry as data: read once here, not once per variable lookup per host.
+                "gpuboot_release": matrix.entry(self.settings.release)}
 
     def in_group(self, group: str) -> list[Node]:
         return [n for n in self.nodes if group in n.groups]

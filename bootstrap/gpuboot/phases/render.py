@@ -1,24 +1,64 @@
-"""`gpuboot render`: every file the phases would write, without touching a host."""
+"""`gpuboot render`: every file the phases would write, per host, into a review directory,
+without touching a host. Templates render in this process with Ansible's own variables and
+template engine, so the text is what the phase writes.
+
+Each role lists the files it owns once, as the role variable `<role>_files` (its tasks
+write from the same list):
+
+    <role>_files:
+      <key>:
+        src: name.j2            # in the role's templates/
+        dest: /etc/...          # may use `item` when loop is set
+        mode: "0644"
+        wanted: <condition>     # optional, default true
+        loop: <list>            # optional: one file per item
+        redact: {var: text}     # optional: secrets render shows as a reference
+
+A role listed under a play's `roles:` renders on the play's hosts where the role's `when`
+holds, exactly the hosts the phase would write on."""
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
+from gpuboot.ansible.templating import HostView, PlaybookVariables, PlayView
 from gpuboot.config.model import Cluster
 from gpuboot.errors import UsageError
 from gpuboot.phases.catalog import UP, Phase
-from gpuboot.phases.engine import Engine, RunOptions, Sink, raise_for
-from gpuboot.state import ClusterState
 
-RENDER = Phase("render", "Render configuration for review", "render.yml")
 SETTINGS_FILE = Path("cluster") / "settings.yml"
+FILES_SUFFIX = "_files"
+# Hosts per extra render process: below this, forking costs more than it saves.
+UNITS_PER_WORKER = 100
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    host: str
+    dest: str
+    mode: str
+    text: str
+
+
+def owns_files(role_path: Path, role: str) -> bool:
+    """Whether a role lists files it owns (in vars/ or defaults/)."""
+    for layer in ("vars", "defaults"):
+        path = role_path / layer / "main.yml"
+        if path.is_file() and f"{role}{FILES_SUFFIX}" in (yaml.safe_load(path.read_text()) or {}):
+            return True
+    return False
 
 
 def renderable_phases() -> list[str]:
-    """Phases playbooks/render.yml knows how to render (its gpuboot_render_phases default)."""
-    plays = yaml.safe_load(RENDER.path.read_text())
-    return list(plays[0]["vars"]["gpuboot_render_phases"])
+    from gpuboot import content
+    roles = content.content_dir() / "roles"
+    return [p.name for p in UP if any(owns_files(roles / r, r) for r in p.roles)]
 
 
 def write_settings(cluster: Cluster, path: Path) -> None:
@@ -32,9 +72,71 @@ def write_settings(cluster: Cluster, path: Path) -> None:
     path.write_text(header + yaml.safe_dump(cluster.extravars(), sort_keys=False))
 
 
-def render(cluster: Cluster, out: Path, phases: tuple[str, ...], state: ClusterState, sink: Sink) -> list[Path]:
+def role_files(view: HostView, role: str, role_path: Path) -> Iterator[RenderedFile]:
+    """The files one role writes on one host, rendered."""
+    listed = view.variables.get(f"{role}{FILES_SUFFIX}") or {}
+    for entry in listed.values():
+        if not view.template(entry.get("wanted", True)):
+            continue
+        items = view.template(entry["loop"]) if "loop" in entry else [None]
+        for item in items:
+            bound = {} if item is None else {"item": item}
+            redacted = {name: view.template(text, **bound) for name, text in (entry.get("redact") or {}).items()}
+            dest = view.template(entry["dest"], **bound)
+            text = view.render_file(role_path / "templates" / entry["src"], dest, **bound, **redacted)
+            yield RenderedFile(view.host, dest, str(view.template(entry.get("mode", "0644"), **bound)), text)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One host of one play, with the roles that render there."""
+
+    play: PlayView
+    roles: tuple[tuple[str, Path, tuple], ...]
+    host: object
+
+
+def units(variables: PlaybookVariables, phase: Phase) -> Iterator[Unit]:
+    for play in variables.plays(phase.path):
+        roles = tuple((name, path, tuple(when)) for name, path, when in play.roles() if owns_files(path, name))
+        if roles:
+            for host in play.hosts:
+                yield Unit(play, roles, host)
+
+
+def write_unit(variables: PlaybookVariables, unit: Unit, out: Path) -> list[Path]:
+    view = variables.host_view(unit.play, unit.host)
+    written = []
+    for name, path, when in unit.roles:
+        if not view.holds(list(when)):
+            continue
+        for rendered in role_files(view, name, path):
+            target = out / rendered.host / rendered.dest.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(rendered.text)
+            os.chmod(target, int(rendered.mode, 8))
+            written.append(target)
+    return written
+
+
+# Set before the worker processes fork, so each inherits the loaded plays and variables.
+_SHARED: tuple[PlaybookVariables, list[Unit], Path] | None = None
+
+
+def _write_share(index: int, workers: int) -> list[Path]:
+    variables, work, out = _SHARED
+    return [path for unit in work[index::workers] for path in write_unit(variables, unit, out)]
+
+
+def render_workers(units_count: int) -> int:
+    """Processes to render with: one per core for a large fleet; none extra for a site."""
+    return max(1, min(os.cpu_count() or 1, units_count // UNITS_PER_WORKER))
+
+
+def render(cluster: Cluster, out: Path, phases: tuple[str, ...]) -> list[Path]:
+    global _SHARED
     known = renderable_phases()
-    catalog = [p.name for p in UP]
+    catalog = {p.name: p for p in UP}
     for name in phases:
         if name not in catalog:
             raise UsageError(f"--phase {name}: no such phase", hint=f"phases: {', '.join(catalog)}")
@@ -43,9 +145,17 @@ def render(cluster: Cluster, out: Path, phases: tuple[str, ...], state: ClusterS
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     write_settings(cluster, out / SETTINGS_FILE)
-    options = RunOptions(command="render", force=True, record_state=False,
-                         extravars=(("gpuboot_render_dir", str(out)),
-                                    ("gpuboot_render_phases", list(phases or known))),
-                         resume_hint="gpuboot render {inventory} --out " + str(out))
-    raise_for(Engine(cluster, state, options, sink).run([RENDER]))
-    return sorted(p for p in out.rglob("*") if p.is_file())
+    variables = PlaybookVariables(cluster.inventory_manager, cluster.extravars())
+    work = [unit for name in phases or known for unit in units(variables, catalog[name])]
+    workers = render_workers(len(work))
+    if workers == 1:
+        written = [path for unit in work for path in write_unit(variables, unit, out)]
+    else:
+        _SHARED = (variables, work, out)
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                shares = pool.map(_write_share, range(workers), [workers] * workers)
+                written = [path for share in shares for path in share]
+        finally:
+            _SHARED = None
+    return sorted([out / SETTINGS_FILE, *written])
