@@ -70,12 +70,6 @@ class Interrupted(GpubootError):
     exit_code = 130
 
 
-class LabError(GpubootError):
-    """The local lab cannot be created, used or removed."""
-
-    exit_code = 5
-
-
 class MatrixError(GpubootError):
     """The version matrix is missing or malformed."""
 

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuboot.lab.cluster import Lab, LabSpec
+from gpuboot_lab.cluster import Lab, LabSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 

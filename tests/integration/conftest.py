@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuboot.lab.cluster import Lab, LabSpec
+from gpuboot_lab.cluster import Lab, LabSpec
 
 LAB_NAME = "itest"
 LAB_SUBNET = "10.213.9.0/24"

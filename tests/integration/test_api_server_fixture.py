@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from gpuboot.lab.kubernetes import KubernetesBuild, matrix_versions
+from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
 from tests.support.apiserver import ETCD, ApiServer
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from gpuboot import matrix
-from gpuboot.lab.kubernetes import COMPONENTS, KubernetesBuild, matrix_versions
+from gpuboot_lab.kubernetes import COMPONENTS, KubernetesBuild, matrix_versions
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 

@@ -23,9 +23,9 @@ import yaml
 
 from gpuboot import matrix
 from gpuboot.cli.main import run
-from gpuboot.errors import LabError
-from gpuboot.lab.cluster import Lab, LabSpec
-from gpuboot.lab.kubernetes import KubernetesBuild
+from gpuboot_lab.errors import LabError
+from gpuboot_lab.cluster import Lab, LabSpec
+from gpuboot_lab.kubernetes import KubernetesBuild
 from tests.integration.conftest import ssh
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]

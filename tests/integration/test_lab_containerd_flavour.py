@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuboot.lab.cluster import Lab, LabSpec
+from gpuboot_lab.cluster import Lab, LabSpec
 from tests.integration.conftest import ssh
 
 pytestmark = pytest.mark.lab

@@ -6,16 +6,16 @@ import json
 
 import pytest
 
-from gpuboot.errors import LabError
-from gpuboot.lab import aptcache, firewall
-from gpuboot.lab.cluster import Lab, LabSpec
+from gpuboot_lab.errors import LabError
+from gpuboot_lab import aptcache, firewall
+from gpuboot_lab.cluster import Lab, LabSpec
 from tests.integration.conftest import LAB_SUBNET
 
 pytestmark = pytest.mark.lab
 
 
 def test_missing_podman_is_named_with_the_fix(monkeypatch, tmp_path):
-    import gpuboot.lab.podman as podman_module
+    import gpuboot_lab.podman as podman_module
     monkeypatch.setattr(podman_module.shutil, "which", lambda name: None)
     with pytest.raises(LabError) as info:
         Lab(tmp_path)
@@ -53,11 +53,11 @@ def test_half_finished_lab_is_detected_and_cleaned(monkeypatch, tmp_path, lab):
     removed = half.down("half")
     assert "gpuboot-half-cp1" in removed and "gpuboot-half" in removed
     assert not half.podman.exists("network", "gpuboot-half")
-    assert not half.podman.names("container", "io.gpuboot.lab=half")
+    assert not half.podman.names("container", "io.gpuboot_lab=half")
     assert not firewall.exists("half")
     assert not half.state_file.exists()
     # The running lab was not touched.
-    assert lab["lab"].podman.names("container", "io.gpuboot.lab=itest")
+    assert lab["lab"].podman.names("container", "io.gpuboot_lab=itest")
 
 
 def test_lab_network_is_fenced(lab):

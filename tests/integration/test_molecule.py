@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuboot.lab.molecule import roles_with_scenarios, run_scenarios
+from gpuboot_lab.molecule import roles_with_scenarios, run_scenarios
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -23,7 +23,7 @@ def test_molecule_scenarios_pass(tmp_path, lab):
 
 
 def test_a_scenario_is_reused_only_while_its_inputs_are_unchanged(tmp_path, monkeypatch):
-    from gpuboot.lab import molecule
+    from gpuboot_lab import molecule
     copy = tmp_path / "content"
     for part in ("playbooks", "mirror"):
         (copy / part).mkdir(parents=True)

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from gpuboot.cli.main import run
-from gpuboot.lab.cluster import DEFAULT_CACHE
-from gpuboot.lab.vm import VmLab
+from gpuboot_lab.cluster import DEFAULT_CACHE
+from gpuboot_lab.vm import VmLab
 from tests.integration.conftest import edit_inventory
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]

@@ -11,7 +11,7 @@ import random
 import subprocess
 from pathlib import Path
 
-from gpuboot.lab.debroot import fetch_debs
+from gpuboot_lab.debroot import fetch_debs
 from tests.support.oci_image import _blob, _tar
 
 INDEX = "application/vnd.oci.image.index.v1+json"

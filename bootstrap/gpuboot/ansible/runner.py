@@ -28,8 +28,6 @@ class PlaybookRun:
     ident: str
     extravars: dict = field(default_factory=dict)
     envvars: dict = field(default_factory=dict)
-    limit: str | None = None
-    tags: tuple[str, ...] = ()
     forks: int = 5
     check: bool = False
     diff: bool = False
@@ -97,8 +95,6 @@ def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
         extravars=_extravars_file(request),
         envvars={"PATH": _path_with_this_python(), **request.envvars},
         fact_cache=str(request.fact_cache) if request.fact_cache else None,
-        limit=request.limit,
-        tags=",".join(request.tags) or None,
         forks=request.forks,
         cmdline=" ".join(flags) or None,
         verbosity=request.verbosity,

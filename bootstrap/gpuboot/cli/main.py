@@ -229,10 +229,19 @@ def unlock(app: App, inventory: str, confirmed: bool) -> None:
                       (f" (was held by {holder})" if holder else " (it was not locked)"))
 
 
+def _add_plugin_commands() -> None:
+    """Command groups other packages add (the lab's `gpuboot lab`), by the entry-point group
+    gpuboot.commands: the product never imports them by name."""
+    from importlib.metadata import entry_points
+    for point in entry_points(group="gpuboot.commands"):
+        if point.name not in cli.commands:
+            cli.add_command(point.load(), point.name)
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code: the one place typed errors become codes."""
-    import gpuboot.cli.lab  # noqa: F401  (registers `gpuboot lab`)
     import gpuboot.cli.mirror  # noqa: F401  (registers `gpuboot mirror`)
+    _add_plugin_commands()
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = _wants_json(args)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpuboot import matrix
-from gpuboot.errors import LabError
+from gpuboot_lab.errors import LabError
 
 COMPONENTS = ("kubeadm", "kubectl", "kubelet", "kube-apiserver", "kube-controller-manager",
               "kube-scheduler", "kube-proxy")

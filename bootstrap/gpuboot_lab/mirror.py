@@ -1,7 +1,7 @@
 """`gpuboot lab mirror BUNDLE`: an air-gap mirror for a running lab, as production has one.
 
 `gpuboot mirror serve` runs detached on the lab network's gateway (TLS from gpuboot's CA,
-one user, a signed apt repository), the bundle enters it through `gpuboot mirror import`,
+one user, a signed apt repository), the bundle enters it as `gpuboot mirror import` brings one in,
 and the lab inventory is rewritten air-gapped to use it. `gpuboot lab down` stops it."""
 from __future__ import annotations
 
@@ -17,9 +17,12 @@ from pathlib import Path
 
 import yaml
 
-from gpuboot.errors import LabError
-from gpuboot.lab.process import runs, stop_own_process
+from gpuboot_lab.errors import LabError
+from gpuboot_lab.process import runs, stop_own_process
+from gpuboot.mirror.bundle import Bundle
 from gpuboot.mirror.packages import export_public_key, new_signing_key
+from gpuboot.mirror.push import Importer
+from gpuboot.mirror.registry import Registry, read_credentials
 from gpuboot.net import free_port
 
 KEY_EMAIL = "lab-mirror@gpuboot.invalid"
@@ -62,7 +65,6 @@ def _done_with_gpg(home: Path) -> None:
 
 def start(lab_dir: Path, subnet: str, bundle: Path, inventory: Path, log=print) -> int:
     """Serve, import, point the inventory at it; return the server's PID (its process group)."""
-    from gpuboot.cli.main import run  # the same commands an operator runs
     root = lab_dir / "mirror"
     secrets_dir = root / "secrets"
     secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -87,9 +89,11 @@ def start(lab_dir: Path, subnet: str, bundle: Path, inventory: Path, log=print) 
             _wait_listening(host, int(port), proc, out)
         key = _signing_key(root / "gnupg")
         gpg_home = str(_short_home(root / "gnupg"))
-        if run(["mirror", "import", str(bundle), "--registry", registry, "--ca-file", str(ca), "--credentials-file",
-                str(creds), "--packages-dir", str(packages), "--gpg-home", gpg_home, "--gpg-key", key]) != 0:
-            raise LabError(f"importing {bundle} into the lab mirror failed (see above)")
+        # What `gpuboot mirror import` does, through the library: every digest verified.
+        target = Registry(f"https://{registry}", ca_file=str(ca), credentials=read_credentials(str(creds)))
+        result = Importer(Bundle(bundle), target, progress=log, packages_dir=packages, gpg_home=gpg_home,
+                          gpg_key=key).run(None)
+        log(f"imported {result.artifacts} artifacts into {registry} ({result.already_present} already there)")
         export_public_key(gpg_home, key, secrets_dir / "packages.asc")
     except BaseException:
         stop(proc.pid)  # not recorded yet: `lab down` could not find it

@@ -10,7 +10,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from gpuboot.errors import LabError
+from gpuboot_lab.errors import LabError
 
 
 def _apt(work: Path, arch: str) -> list[str]:

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from gpuboot.errors import LabError
+from gpuboot_lab.errors import LabError
 
 # Without raised ulimits every `podman run` fails here with "setrlimit RLIMIT_NOFILE";
 # crun cannot handle the host's hybrid cgroups, runc can.

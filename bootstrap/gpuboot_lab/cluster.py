@@ -13,13 +13,13 @@ from pathlib import Path
 
 import yaml
 
-from gpuboot.errors import LabError
-from gpuboot.lab import aptcache, firewall
-from gpuboot.lab import mirror as lab_mirror
-from gpuboot.lab.image import ensure_image
-from gpuboot.lab.podman import Podman
+from gpuboot_lab.errors import LabError
+from gpuboot_lab import aptcache, firewall
+from gpuboot_lab import mirror as lab_mirror
+from gpuboot_lab.image import ensure_image
+from gpuboot_lab.podman import Podman
 
-LABEL = "io.gpuboot.lab"
+LABEL = "io.gpuboot_lab"
 INOTIFY = "fs.inotify.max_user_instances"
 DEFAULT_CACHE = Path.home() / ".cache" / "gpuboot" / "lab"
 

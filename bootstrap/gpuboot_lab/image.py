@@ -8,8 +8,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from gpuboot.errors import LabError
-from gpuboot.lab.podman import Podman
+from gpuboot_lab.errors import LabError
+from gpuboot_lab.podman import Podman
 
 # Bump when the build recipe below changes in a way the inputs do not show.
 RECIPE_VERSION = "1"
@@ -22,7 +22,7 @@ IMAGE_NAME = "localhost/gpuboot-node"
 
 
 def _customize_script() -> Path:
-    return Path(str(resources.files("gpuboot.lab") / "files" / "customize-node.sh"))
+    return Path(str(resources.files("gpuboot_lab") / "files" / "customize-node.sh"))
 
 
 def debian_sources(sources_dir: Path = Path("/etc/apt")) -> list[str]:

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Callable
 
 from gpuboot import matrix
-from gpuboot.errors import LabError
-from gpuboot.lab.debroot import rootfs_tar
-from gpuboot.lab.kubernetes import KubernetesBuild, matrix_versions
+from gpuboot_lab.errors import LabError
+from gpuboot_lab.debroot import rootfs_tar
+from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
 from gpuboot.mirror.bundle import Artifact, Bundle
 from gpuboot.mirror.packages import DEB
 from gpuboot.mirror.refs import parse_image

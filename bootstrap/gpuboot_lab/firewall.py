@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from ipaddress import IPv4Network
 
-from gpuboot.errors import LabError
+from gpuboot_lab.errors import LabError
 
 
 def table_name(lab: str) -> str:

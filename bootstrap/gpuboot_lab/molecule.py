@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuboot import content
-from gpuboot.errors import LabError
-from gpuboot.lab.cluster import Lab, LabSpec
-from gpuboot.lab.image import ensure_image
-from gpuboot.lab.podman import write_containers_conf
+from gpuboot_lab.errors import LabError
+from gpuboot_lab.cluster import Lab, LabSpec
+from gpuboot_lab.image import ensure_image
+from gpuboot_lab.podman import write_containers_conf
 
 NAME = "molecule"
 SUBNET = "10.213.200.0/24"

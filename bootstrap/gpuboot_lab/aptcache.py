@@ -7,9 +7,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from gpuboot.errors import LabError
-from gpuboot.lab.image import debian_sources
-from gpuboot.lab.process import stop_own_process
+from gpuboot_lab.errors import LabError
+from gpuboot_lab.image import debian_sources
+from gpuboot_lab.process import stop_own_process
 
 # Not apt-cacher-ng's usual 3142, so a system-wide cache on this machine cannot collide.
 PORT = 3143

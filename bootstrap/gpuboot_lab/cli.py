@@ -1,4 +1,5 @@
-"""`gpuboot lab ...`: the local test hosts."""
+"""`gpuboot lab ...`: the local test hosts. The lab is not part of the product: gpuboot
+finds this command group through the `gpuboot.commands` entry point (pyproject.toml)."""
 from __future__ import annotations
 
 import json
@@ -6,16 +7,21 @@ from pathlib import Path
 
 import click
 
-from gpuboot.cli.main import App, cli, pass_app
+from gpuboot.cli.main import App, pass_app
+
+LAB_INVENTORY = "inventories/lab/inventory.yml"
+VERSION_HELP = ("A Kubernetes version of the matrix; default: the one the lab inventory's release uses "
+                "(--inventory), else the newest.")
+
 
 
 def _lab(app: App, name: str):
-    from gpuboot.lab.cluster import Lab
+    from gpuboot_lab.cluster import Lab
     # Cluster names are DNS labels, so "_lab" can never collide with a cluster's state.
     return Lab(app.state_dir / "_lab" / name, log=lambda msg: app.console.print(f"[dim]{msg}[/]"))
 
 
-@cli.group()
+@click.group("lab")
 def lab() -> None:
     """Real local test hosts: systemd containers with sshd on a fenced network."""
 
@@ -29,12 +35,11 @@ def lab() -> None:
 @click.option("--flavour", type=click.Choice(["plain", "containerd", "kubernetes"]), default="plain", show_default=True,
               help="containerd: privileged nodes with their own /var/lib/containerd; kubernetes: kind-like nodes for kubelet.")
 @click.option("--release", default="k8s-1.34", show_default=True)
-@click.option("--inventory", "inventory", default="inventories/lab/inventory.yml", show_default=True,
-              type=click.Path(dir_okay=False))
+@click.option("--inventory", "inventory", default=LAB_INVENTORY, show_default=True, type=click.Path(dir_okay=False))
 @pass_app
 def lab_up(app: App, name, control_planes, workers, gpu_workers, subnet, flavour, release, inventory) -> None:
     """Create the lab and write its inventory."""
-    from gpuboot.lab.cluster import LabSpec
+    from gpuboot_lab.cluster import LabSpec
     spec = LabSpec(name, control_planes, workers, gpu_workers, subnet, flavour, release)
     state = _lab(app, name).up(spec, Path(inventory).resolve())
     app.console.print(f"[green]lab {name} up[/]: {len(state.containers)} nodes; inventory {inventory}")
@@ -80,8 +85,8 @@ def lab_status(app: App, name: str, output: str) -> None:
 @pass_app
 def lab_molecule(app: App, roles: tuple[str, ...], keep: bool) -> None:
     """Run `molecule test` for every role (or the ones named), one after another."""
-    from gpuboot.errors import LabError
-    from gpuboot.lab.molecule import run_scenarios
+    from gpuboot_lab.errors import LabError
+    from gpuboot_lab.molecule import run_scenarios
     results = run_scenarios(app.state_dir, roles, log=lambda m: app.console.print(m), keep=keep)
     for r in results:
         app.console.print(f"  {'[green]ok[/]' if r.ok else '[red]FAILED[/]'} {r.role:20} {r.seconds:6.1f}s  {r.log}")
@@ -91,8 +96,8 @@ def lab_molecule(app: App, roles: tuple[str, ...], keep: bool) -> None:
 
 
 def _vm_lab(app: App, name: str):
-    from gpuboot.lab.cluster import DEFAULT_CACHE
-    from gpuboot.lab.vm import VmLab
+    from gpuboot_lab.cluster import DEFAULT_CACHE
+    from gpuboot_lab.vm import VmLab
     return VmLab(app.state_dir / "_lab" / f"vm-{name}", DEFAULT_CACHE, log=lambda m: app.console.print(f"[dim]{m}[/]"))
 
 
@@ -122,36 +127,48 @@ def lab_kubernetes() -> None:
     """Real Kubernetes binaries built from Go modules (cached by version and recipe)."""
 
 
+def _version(version: str | None, inventory: str) -> str | None:
+    """The Kubernetes version to build or find: as given, else the lab inventory's."""
+    if version is not None or not Path(inventory).is_file():
+        return version
+    from gpuboot import matrix
+    from gpuboot.config.loader import load_cluster
+    return matrix.load(load_cluster(inventory).settings.release).kubernetes.version
+
+
 def _kube_build(app: App):
-    from gpuboot.lab.kubernetes import KubernetesBuild
+    from gpuboot_lab.kubernetes import KubernetesBuild
     return KubernetesBuild(log=lambda msg: app.console.print(msg))
 
 
 @lab_kubernetes.command("build")
-@click.option("--version", "version", default=None, help="A Kubernetes version of the matrix; default: the newest.")
+@click.option("--version", "version", default=None, help=VERSION_HELP)
+@click.option("--inventory", "inventory", default=LAB_INVENTORY, show_default=True, type=click.Path(dir_okay=False))
 @pass_app
-def lab_kubernetes_build(app: App, version: str | None) -> None:
+def lab_kubernetes_build(app: App, version: str | None, inventory: str) -> None:
     """Build kubeadm, kubelet, kubectl and the control-plane binaries (resumable)."""
-    result = _kube_build(app).build(version)
+    result = _kube_build(app).build(_version(version, inventory))
     app.console.print(f"[green]Kubernetes {result.version}[/]: {result.bin_dir}")
 
 
 @lab_kubernetes.command("path")
-@click.option("--version", "version", default=None, help="A Kubernetes version of the matrix; default: the newest.")
+@click.option("--version", "version", default=None, help=VERSION_HELP)
+@click.option("--inventory", "inventory", default=LAB_INVENTORY, show_default=True, type=click.Path(dir_okay=False))
 @pass_app
-def lab_kubernetes_path(app: App, version: str | None) -> None:
+def lab_kubernetes_path(app: App, version: str | None, inventory: str) -> None:
     """Print the directory of the built binaries."""
-    click.echo(str(_kube_build(app).path(version)))
+    click.echo(str(_kube_build(app).path(_version(version, inventory))))
 
 
 @lab_kubernetes.command("bundle")
-@click.option("--version", "version", default=None, help="A Kubernetes version of the matrix; default: the newest.")
+@click.option("--version", "version", default=None, help=VERSION_HELP)
+@click.option("--inventory", "inventory", default=LAB_INVENTORY, show_default=True, type=click.Path(dir_okay=False))
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
 @pass_app
-def lab_kubernetes_bundle(app: App, version: str | None, out: str) -> None:
+def lab_kubernetes_bundle(app: App, version: str | None, inventory: str, out: str) -> None:
     """The built Kubernetes as images and .debs in a bundle, for `gpuboot mirror import`."""
-    from gpuboot.lab.artifacts import write
-    result = write(version, Path(out), log=lambda msg: app.console.print(f"[dim]{msg}[/]"))
+    from gpuboot_lab.artifacts import write
+    result = write(_version(version, inventory), Path(out), log=lambda msg: app.console.print(f"[dim]{msg}[/]"))
     app.console.print(f"[green]bundle {out}[/]: {len(result.images)} images, {len(result.packages)} packages")
     for item in result.not_built:
         app.console.print(f"[yellow]not built[/]: {item}")

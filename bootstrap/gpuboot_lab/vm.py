@@ -19,10 +19,10 @@ from pathlib import Path
 
 import yaml
 
-from gpuboot.errors import LabError
-from gpuboot.lab.process import stop_own_process
+from gpuboot_lab.errors import LabError
+from gpuboot_lab.process import stop_own_process
 from gpuboot.net import free_port
-from gpuboot.lab.image import PACKAGES, RECIPE_VERSION, SUITE, debian_sources
+from gpuboot_lab.image import PACKAGES, RECIPE_VERSION, SUITE, debian_sources
 
 # chrony is baked in: os_prep installs it, and VMs have no package source (restrict=on).
 VM_PACKAGES = [*PACKAGES, "linux-image-amd64", "initramfs-tools", "chrony", "e2fsprogs", "udev"]
@@ -30,7 +30,7 @@ DISK_SIZE = "3G"
 
 
 def _hook(name: str) -> Path:
-    return Path(str(resources.files("gpuboot.lab") / "files" / name))
+    return Path(str(resources.files("gpuboot_lab") / "files" / name))
 
 
 @dataclass
