@@ -6,7 +6,7 @@ without reinstalling)."""
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
@@ -19,7 +19,7 @@ def _is_content(path: Path) -> bool:
     return (path / "playbooks").is_dir() and (path / "roles").is_dir() and (path / "mirror").is_dir()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _locate(override: str | None) -> Path:
     if override:
         path = Path(override).expanduser().resolve()

@@ -9,10 +9,10 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from gpuboot.errors import LockedError
 
@@ -32,7 +32,7 @@ class ClusterState:
     root: Path
 
     @classmethod
-    def for_cluster(cls, state_dir: Path, cluster: str) -> "ClusterState":
+    def for_cluster(cls, state_dir: Path, cluster: str) -> ClusterState:
         root = state_dir / cluster
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o700)
@@ -80,7 +80,7 @@ class ClusterState:
             holder = handle.read().strip() or "another process"
             handle.close()
             raise LockedError(f"cluster {self.root.name} is locked by {holder}",
-                              hint="wait for that run to finish; the lock is released when its process exits")
+                              hint="wait for that run to finish; the lock is released when its process exits") from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()} ({command}) since {time.strftime('%H:%M:%S')}")

@@ -20,17 +20,17 @@ import json
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from gpuboot import matrix
-from gpuboot_lab.errors import LabError
-from gpuboot_lab.debroot import rootfs_tar
-from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
 from gpuboot.mirror.bundle import Artifact, Bundle
 from gpuboot.mirror.packages import DEB
 from gpuboot.mirror.refs import parse_image
+from gpuboot_lab.debroot import rootfs_tar
+from gpuboot_lab.errors import LabError
+from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 PATH_ENV = "PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"

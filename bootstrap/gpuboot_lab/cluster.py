@@ -13,9 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from gpuboot_lab.errors import LabError
 from gpuboot_lab import aptcache, firewall
 from gpuboot_lab import mirror as lab_mirror
+from gpuboot_lab.errors import LabError
 from gpuboot_lab.image import ensure_image
 from gpuboot_lab.podman import Podman
 

@@ -18,9 +18,9 @@ import resource
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from gpuboot import matrix
 from gpuboot_lab.errors import LabError
@@ -231,7 +231,7 @@ class KubernetesBuild:
             self.log(f"{name} {module_version}: building")
             t0 = time.monotonic()
             out.mkdir(parents=True, exist_ok=True)
-            for pkg, target in zip(COMPANION_PACKAGES[name], targets):
+            for pkg, target in zip(COMPANION_PACKAGES[name], targets, strict=True):
                 path = "." if pkg == "." else f"{module}/{pkg}".rstrip("/")
                 # -mod=mod (in _env) lets the build add what the package needs to the wrapper.
                 if self._go(["build", "-trimpath", "-ldflags", "-s -w", "-o", f"{target}.partial", path],

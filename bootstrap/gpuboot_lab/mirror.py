@@ -17,13 +17,13 @@ from pathlib import Path
 
 import yaml
 
-from gpuboot_lab.errors import LabError
-from gpuboot_lab.process import runs, stop_own_process
 from gpuboot.mirror.bundle import Bundle
 from gpuboot.mirror.packages import export_public_key, new_signing_key
 from gpuboot.mirror.push import Importer
 from gpuboot.mirror.registry import Registry, read_credentials
 from gpuboot.net import free_port
+from gpuboot_lab.errors import LabError
+from gpuboot_lab.process import runs, stop_own_process
 
 KEY_EMAIL = "lab-mirror@gpuboot.invalid"
 

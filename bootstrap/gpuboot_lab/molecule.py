@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuboot import content
-from gpuboot_lab.errors import LabError
 from gpuboot_lab.cluster import Lab, LabSpec
+from gpuboot_lab.errors import LabError
 from gpuboot_lab.image import ensure_image
 from gpuboot_lab.podman import write_containers_conf
 

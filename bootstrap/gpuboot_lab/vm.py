@@ -19,10 +19,10 @@ from pathlib import Path
 
 import yaml
 
-from gpuboot_lab.errors import LabError
-from gpuboot_lab.process import stop_own_process
 from gpuboot.net import free_port
+from gpuboot_lab.errors import LabError
 from gpuboot_lab.image import PACKAGES, RECIPE_VERSION, SUITE, debian_sources
+from gpuboot_lab.process import stop_own_process
 
 # chrony is baked in: os_prep installs it, and VMs have no package source (restrict=on).
 VM_PACKAGES = [*PACKAGES, "linux-image-amd64", "initramfs-tools", "chrony", "e2fsprogs", "udev"]

@@ -19,12 +19,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gpuboot import matrix
 from gpuboot.mirror.bundle import Bundle
+from gpuboot.mirror.plan import build
 from gpuboot.mirror.pull import Puller, Sources
 from gpuboot.mirror.push import Importer
-from gpuboot.mirror.plan import build
 from gpuboot.mirror.registry import Registry
-from gpuboot import matrix
 from gpuboot.mirror.serve import ServeSpec, start
 from tests.support.mirror_fixture import free_port, start_upstream
 

@@ -17,8 +17,8 @@ from cryptography import x509
 from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
-from gpuboot_lab.kubernetes import KubernetesBuild
 from gpuboot.mirror.plan import build
+from gpuboot_lab.kubernetes import KubernetesBuild
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 

@@ -23,8 +23,8 @@ import yaml
 
 from gpuboot import matrix
 from gpuboot.cli.main import run
-from gpuboot_lab.errors import LabError
 from gpuboot_lab.cluster import Lab, LabSpec
+from gpuboot_lab.errors import LabError
 from gpuboot_lab.kubernetes import KubernetesBuild
 from tests.integration.conftest import ssh
 

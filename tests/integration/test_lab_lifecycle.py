@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from gpuboot_lab.errors import LabError
 from gpuboot_lab import aptcache, firewall
 from gpuboot_lab.cluster import Lab, LabSpec
+from gpuboot_lab.errors import LabError
 from tests.integration.conftest import LAB_SUBNET
 
 pytestmark = pytest.mark.lab
@@ -64,6 +64,7 @@ def test_lab_network_is_fenced(lab):
     """Nodes reach each other and this machine; the forward chain drops everything that
     would leave the lab subnet or enter it from outside. (No test sends traffic outside.)"""
     import subprocess
+
     from tests.integration.conftest import ssh
     inside = ssh(lab, "itest-cp1", "ping -c1 -W2 itest-w1 >/dev/null && echo ok")
     assert inside.stdout.strip() == "ok"

@@ -284,8 +284,8 @@ def test_up_refuses_to_start_image_pulling_phases_while_the_mirror_lacks_artifac
     assert "gpuboot mirror import" in out
     assert not (tmp_path / "state").exists() or not list((tmp_path / "state").rglob("runs/*"))  # no host touched
     # Node preparation pulls no images: the check does not stand in its way.
-    from gpuboot.mirror.preflight import needed
     from gpuboot.config.loader import load_cluster
+    from gpuboot.mirror.preflight import needed
     from gpuboot.phases.catalog import UP
     cluster = load_cluster(inventory)
     assert not needed(cluster, [p for p in UP if p.name in ("preflight", "os_prep", "container_runtime")])
@@ -294,6 +294,7 @@ def test_up_refuses_to_start_image_pulling_phases_while_the_mirror_lacks_artifac
 
 def test_pull_names_every_planned_package_missing_from_the_download_dir(tmp_path):
     import sys
+
     from gpuboot.errors import MirrorError
     from gpuboot.mirror.packages import collect
     from gpuboot.mirror.plan import PlannedPackage

@@ -22,7 +22,7 @@ STANDIN = (ROOT / "tests" / "doubles" / "kube_packages" / "standin_repo.py").rea
 TOOLKIT_DROPIN = """# stand-in for the NVIDIA container toolkit's drop-in (same shape)
 version = 2
 [plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "%s"
+  sandbox_image = "{pause}"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
@@ -36,7 +36,7 @@ version = 2
         SystemdCgroup = true
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "/etc/containerd/certs.d"
-""" % RELEASE["kubernetes"]["pause_image"]
+""".format(pause=RELEASE["kubernetes"]["pause_image"])
 
 
 def events_of(out: str) -> list[dict]:

@@ -61,7 +61,7 @@ class ApiServer:
             time.sleep(0.3)
         raise AssertionError(f"kubectl get {' '.join(args)} never showed {jsonpath}")
 
-    def start(self) -> "ApiServer":
+    def start(self) -> ApiServer:
         etcd_port, peer_port = free_port(), free_port()
         self.port = free_port()
         pki = self._certificates()

@@ -46,7 +46,7 @@ def start_upstream(root: Path, images: dict[str, str] = LAB_IMAGES, padding: int
                    release: str = "lab-test", base: str = "k8s-1.35") -> Upstream:
     binaries = busybox_binaries(IMAGE_CACHE)
     layout = root / "layout"
-    for index, (ref, image_id) in enumerate(images.items()):
+    for index, image_id in enumerate(images.values()):
         write_layout(layout, f"t{index}", binaries, image_id, padding)
     registry = start(ServeSpec(root / "upstream", f"127.0.0.1:{free_port()}", tls=False))
     for index, ref in enumerate(images):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuboot_lab.errors import LabError
 from gpuboot_lab import kubernetes as kb
+from gpuboot_lab.errors import LabError
 
 # The shape of k8s.io/kubernetes's go.mod: staging modules required at v0.0.0 and replaced
 # with ./staging paths, plus go and godebug lines.

@@ -9,15 +9,15 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import ansible_runner
 
 from gpuboot.ansible.translate import translate
-from gpuboot.files import write_private
 from gpuboot.events import Event
+from gpuboot.files import write_private
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,12 @@ write from it. `gpuboot render` uses it to show every file the phases write with
 Ansible process per host and without contacting a host."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 # The template action's defaults (ansible.builtin.template): the rendered text must be
 # byte for byte what a host receives.

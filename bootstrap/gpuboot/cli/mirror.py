@@ -214,6 +214,7 @@ def mirror_serve(root, listen, names, tls_cert, tls_key, credentials_file, packa
     import signal
     import sys
     import time
+
     from gpuboot.mirror.serve import ServeSpec, command, start, write_config
     if bool(tls_cert) != bool(tls_key):
         raise UsageError("--tls-cert and --tls-key go together")

@@ -98,7 +98,7 @@ def groups_and_nodes(inv: AnsibleInventory, nodes: list[Node], settings: Gpuboot
                                     "RDMA/SR-IOV NICs on a host that is not a worker",
                                     "NIC settings belong on workers (usually gpu_workers)"))
         problems += _nic_duplicates(node)
-    for name, same in by_lower.items():
+    for same in by_lower.values():
         if len(same) > 1:
             problems.append(Problem(same[1].file, same[1].line, same[1].name,
                                     f"duplicate host name: {', '.join(n.name for n in same)} are one name to DNS and Kubernetes",

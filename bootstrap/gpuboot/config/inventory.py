@@ -86,7 +86,7 @@ class Where:
             return origin.line_num
         return self.default_line
 
-    def child(self, *keys: Any) -> "Where":
+    def child(self, *keys: Any) -> Where:
         return Where(self.root, (*self.path, *keys), self.default_file, self.default_line, self.name)
 
 

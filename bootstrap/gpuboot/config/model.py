@@ -101,7 +101,7 @@ class Mirror(Strict):
     tls_key_file: FilePath | None = None
 
     @model_validator(mode="after")
-    def _registry_when_air_gapped(self) -> "Mirror":
+    def _registry_when_air_gapped(self) -> Mirror:
         if self.air_gapped and not self.registry:
             raise ValueError("air_gapped is true but no mirror registry is set; set mirror.registry to HOST:PORT of the mirror")
         return self
@@ -167,7 +167,7 @@ class GpuSettings(Strict):
     time_slicing_replicas: int | None = Field(None, ge=2, le=64)
 
     @model_validator(mode="after")
-    def _profile_needs_strategy(self) -> "GpuSettings":
+    def _profile_needs_strategy(self) -> GpuSettings:
         if self.mig_profile and self.mig_strategy == "none":
             raise ValueError("mig_profile is set but mig_strategy is none; set mig_strategy to single or mixed")
         return self
@@ -184,7 +184,7 @@ class Nic(Strict):
     device_type: Literal["netdevice", "vfio-pci"] = "netdevice"
 
     @model_validator(mode="after")
-    def _selects_something(self) -> "Nic":
+    def _selects_something(self) -> Nic:
         if not self.pf_names and not self.pci_addresses:
             raise ValueError("a NIC needs pf_names or pci_addresses to select its ports; list its PF interface names or PCI addresses")
         return self

@@ -47,7 +47,7 @@ class Artifact:
                 "manifests": self.manifests, "blobs": self.blobs}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Artifact":
+    def from_json(cls, data: dict) -> Artifact:
         return cls(data["kind"], data["ref"], data["repository"], data["tag"], data["digest"],
                    data["media_type"], list(data["manifests"]), list(data["blobs"]))
 

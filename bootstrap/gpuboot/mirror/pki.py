@@ -30,7 +30,7 @@ def ensure_ca(directory: Path, name: str = "gpuboot mirror CA") -> tuple[Path, P
     if cert_path.is_file() and key_path.is_file():
         return cert_path, key_path
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(_name(name)).issuer_name(_name(name))
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=3650))
@@ -55,7 +55,7 @@ def issue_server_cert(ca_cert: Path, ca_key: Path, names: list[str], out_dir: Pa
             sans.append(x509.IPAddress(ipaddress.ip_address(name)))
         except ValueError:
             sans.append(x509.DNSName(name))
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(_name(names[0])).issuer_name(ca.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=825))

@@ -63,7 +63,7 @@ class Plan:
         return ([str(i.ref) for i in self.images if not i.ref.digest]
                 + [str(c) for c in self.charts if not c.digest])
 
-    def only(self, components: set[str]) -> "Plan":
+    def only(self, components: set[str]) -> Plan:
         """The images and charts of these components (the packages stay: nodes install them)."""
         return Plan(self.release, [i for i in self.images if i.component in components],
                     [c for c in self.charts if c.component in components], list(self.packages), list(self.notes))
@@ -85,7 +85,7 @@ class Target:
     precompiled: bool = False
 
     @classmethod
-    def of(cls, cluster: Cluster) -> "Target":
+    def of(cls, cluster: Cluster) -> Target:
         settings = cluster.settings
         gpu = bool(cluster.in_group("gpu_workers"))
         rdma = any(node.settings.nics for node in cluster.nodes)
@@ -130,7 +130,7 @@ def _runtime_images(plan: Plan, release: Release, target: Target) -> None:
                 continue
             axes = {"kernel": target.kernels, "arch": target.architectures}
             for combo in itertools.product(*(axes[a] for a in entry.per)):
-                values = {"os_tag": os_pkgs.image_os_tag, **dict(zip(entry.per, combo))}
+                values = {"os_tag": os_pkgs.image_os_tag, **dict(zip(entry.per, combo, strict=True))}
                 text = _fill(entry.image, release, values)
                 detail = ", ".join(f"{k} {v}" for k, v in values.items())
                 plan.add_image(parse_image(text), entry.component, f"resolved at run time ({detail})")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Lock
-from typing import Callable
 
 from gpuboot.errors import MirrorError
 from gpuboot.mirror import packages
@@ -62,13 +62,13 @@ class Importer:
         artifacts = [a for a in everything if a.kind != "package"]
         with ThreadPoolExecutor(self.workers) as pool:
             tagged = list(pool.map(self._already_there, artifacts))
-        todo = [a for a, done in zip(artifacts, tagged) if not done]
+        todo = [a for a, done in zip(artifacts, tagged, strict=True) if not done]
         self.progress(f"{len(artifacts)} artifacts in the bundle, {len(artifacts) - len(todo)} already in the mirror")
         self._check_files(todo + (package_artifacts if self.packages_dir else []))
         jobs = self._blob_jobs(todo)
         failures: list[str] = []
         with ThreadPoolExecutor(self.workers) as pool:
-            for job, error in zip(jobs, pool.map(self._push_blob, jobs)):
+            for error in pool.map(self._push_blob, jobs):
                 if error:
                     failures.append(error)
         if failures:

@@ -8,12 +8,12 @@ import hashlib
 import http.client
 import json
 import re
-import socket
 import ssl
 import threading
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from gpuboot.errors import MirrorError
 
@@ -109,7 +109,7 @@ class Registry:
                 raise MirrorError(f"TLS verification of registry {self.netloc} failed: {exc.verify_message}",
                                   hint=f"pass the CA that signed the registry's certificate with --ca-file"
                                        f"{f' ({self.ca_file} is not it)' if self.ca_file else ''}") from None
-            except (ConnectionError, http.client.HTTPException, socket.timeout, OSError) as exc:
+            except (TimeoutError, ConnectionError, http.client.HTTPException, OSError) as exc:
                 self._drop()
                 # A kept-alive connection the server closed: retry once on a new one,
                 # unless the body was a stream that is already partly sent.

@@ -4,10 +4,10 @@ cluster's settings, and the result it leaves on the hosts (files, services) that
 later run whether the hosts still show it."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Callable
 
 import yaml
 

@@ -9,16 +9,26 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from gpuboot import content
 from gpuboot.ansible.runner import PlaybookResult, PlaybookRun, run_playbook
 from gpuboot.config.model import Cluster
 from gpuboot.errors import GpubootError, Interrupted, LockedError, PhaseFailed
-from gpuboot.events import (Event, Failure, HostResult, PhaseFinished, PhaseSkipped, PhaseStarted,
-                            PlaybookStats, RunFinished, RunStarted)
+from gpuboot.events import (
+    Event,
+    Failure,
+    HostResult,
+    PhaseFinished,
+    PhaseSkipped,
+    PhaseStarted,
+    PlaybookStats,
+    RunFinished,
+    RunStarted,
+)
 from gpuboot.phases import convergence
 from gpuboot.phases.catalog import Phase
 from gpuboot.runlog import RunLog, tee
@@ -140,7 +150,7 @@ class Engine:
             cancel.set()
             worker.join(timeout=60)
             raise Interrupted(f"interrupted during {resume_phase}",
-                              hint=self.options.resume_hint.format(inventory=self.cluster.inventory, phase=resume_phase))
+                              hint=self.options.resume_hint.format(inventory=self.cluster.inventory, phase=resume_phase)) from None
         worker.join()
         result = outcome[0]
         if isinstance(result, BaseException):
