@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The quality gates CI runs before the tests: ruff on the Python, yamllint on every YAML
+# file, ansible-lint (production profile, no rule skipped globally) on playbooks and roles.
+# Configuration: pyproject.toml [tool.ruff], .yamllint, .ansible-lint.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+echo "lint: ruff"
+.venv/bin/ruff check --quiet bootstrap tests
+echo "lint: yamllint"
+.venv/bin/yamllint --strict .
+echo "lint: ansible-lint"
+.venv/bin/ansible-lint -q
+echo "lint: clean"
