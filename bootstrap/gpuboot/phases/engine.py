@@ -18,17 +18,7 @@ from gpuboot import content
 from gpuboot.ansible.runner import PlaybookResult, PlaybookRun, run_playbook
 from gpuboot.config.model import Cluster
 from gpuboot.errors import GpubootError, Interrupted, LockedError, PhaseFailed
-from gpuboot.events import (
-    Event,
-    Failure,
-    HostResult,
-    PhaseFinished,
-    PhaseSkipped,
-    PhaseStarted,
-    PlaybookStats,
-    RunFinished,
-    RunStarted,
-)
+from gpuboot.events import Event, Failure, HostResult, PhaseFinished, PhaseSkipped, PhaseStarted, PlaybookStats, RunFinished, RunStarted
 from gpuboot.phases import convergence
 from gpuboot.phases.catalog import Phase
 from gpuboot.runlog import RunLog, tee

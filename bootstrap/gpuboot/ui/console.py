@@ -10,17 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from gpuboot.events import (
-    Event,
-    HostResult,
-    PhaseFinished,
-    PhaseSkipped,
-    PhaseStarted,
-    PlaybookStats,
-    RunFinished,
-    RunStarted,
-    TaskStarted,
-)
+from gpuboot.events import Event, HostResult, PhaseFinished, PhaseSkipped, PhaseStarted, PlaybookStats, RunFinished, RunStarted, TaskStarted
 
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "magenta", "interrupted": "red"}
 
