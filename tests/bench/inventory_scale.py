@@ -1,5 +1,5 @@
 """Benchmark: `gpuboot validate`, `gpuboot plan` and `gpuboot render` of large inventories, in YAML (per-host
-settings written out, the heaviest form) and INI (ranges, settings on the group). Each run
+settings written out; "heavy": eight NIC rails per host written out, about 5 MB) and INI (ranges, settings on the group). Each run
 is a fresh `gpuboot` process, as an operator or CI would start it. Not a test: run it by
 hand and record the numbers.
 
@@ -26,6 +26,17 @@ NODE = {"gpu": {"count": 8, "time_slicing_replicas": 4},
                   "link_type": "ib", "resource_name": "nvidia.com/cx7_ib", "rdma": True}]}
 
 
+def heavy_node(i: int) -> dict:
+    """A fully written-out HGX node, as an inventory generated from a CMDB has it: eight
+    rails, each its own NIC entry with its PF and PCI address (about 2.5 KB per host)."""
+    rails = [{"name": f"rail{j}", "pf_names": [f"ibp{j * 16 + 24}s0"],
+              "pci_addresses": [f"0000:{0x18 + j * 0x10:02x}:00.0"], "num_vfs": 8, "link_type": "ib",
+              "resource_name": f"nvidia.com/rail{j}", "rdma": True, "device_type": "netdevice"} for j in range(8)]
+    return {"ansible_host": address(i), "ansible_user": "ops", "ansible_port": 22,
+            "bmc_address": f"10.250.{(i // 250) % 250}.{i % 250 + 1}", "rack": f"r{i // 32:03d}",
+            "serial": f"HGX-{i:08d}", "gpuboot_node": {"gpu": {"count": 8, "mig_strategy": "none"}, "nics": rails}}
+
+
 def address(i: int) -> str:
     return f"10.{1 + i // 62500}.{(i // 250) % 250}.{i % 250 + 1}"
 
@@ -37,6 +48,17 @@ def yaml_inventory(root: Path, workers: int) -> Path:
         "control_plane": {"hosts": {f"cp{i}": {"ansible_host": f"10.0.0.{10 + i}"} for i in (1, 2, 3)}},
         "workers": {"children": {"gpu_workers": {"hosts": hosts}}}}}}
     path = root / "yaml" / "inventory.yml"
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(data, default_flow_style=False))
+    return path
+
+
+def heavy_inventory(root: Path, workers: int) -> Path:
+    hosts = {f"gpu{i:04d}": heavy_node(i) for i in range(workers)}
+    data = {"all": {"vars": {"gpuboot": SETTINGS}, "children": {
+        "control_plane": {"hosts": {f"cp{i}": {"ansible_host": f"10.0.0.{10 + i}"} for i in (1, 2, 3)}},
+        "workers": {"children": {"gpu_workers": {"hosts": hosts}}}}}}
+    path = root / "heavy" / "inventory.yml"
     path.parent.mkdir(parents=True)
     path.write_text(yaml.safe_dump(data, default_flow_style=False))
     return path
@@ -69,7 +91,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for workers in args.workers:
-            for form, make in (("yaml", yaml_inventory), ("ini", ini_inventory)):
+            for form, make in (("yaml", yaml_inventory), ("heavy", heavy_inventory), ("ini", ini_inventory)):
                 root = Path(tmp) / f"{form}-{workers}"
                 inventory = make(root, workers)
                 size = sum(p.stat().st_size for p in inventory.parent.rglob("*") if p.is_file())
