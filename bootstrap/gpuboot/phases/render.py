@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from gpuboot import content
 from gpuboot.ansible.templating import HostView, PlaybookVariables, PlayView
 from gpuboot.config.model import Cluster
 from gpuboot.errors import UsageError
@@ -56,7 +57,6 @@ def owns_files(role_path: Path, role: str) -> bool:
 
 
 def renderable_phases() -> list[str]:
-    from gpuboot import content
     roles = content.content_dir() / "roles"
     return [p.name for p in UP if any(owns_files(roles / r, r) for r in p.roles)]
 
