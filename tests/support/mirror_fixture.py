@@ -65,7 +65,8 @@ def write_release(path: Path, name: str, images: list[str], charts: dict | None 
     listed = "".join(f"      - {ref}\n" for ref in images)
     text = re.sub(r"  images:\n(?:    .*\n)*?  # Images the operators",
                   f"  images:\n    lab:\n{listed}  # Images the operators", text)
-    text = re.sub(r"  runtime_images:\n(?:    - .*\n)+", "  runtime_images: []\n", text)
+    # the list's items, one line or several (`    - key: ...` then `      key: ...`)
+    text = re.sub(r"  runtime_images:\n(?:    (?:- |  ).*\n)+", "  runtime_images: []\n", text)
     text = re.sub(r"    chart: \{.*\}\n", "", text)
     if charts:
         text += "  lab_charts:\n    version: \"1\"\n    chart: " + repr(charts).replace("'", '"') + "\n"
