@@ -58,6 +58,10 @@ def available(releases_dir: Path | None = None) -> list[str]:
 
 def entry(name: str, releases_dir: Path | None = None) -> dict:
     """A release's entry as written in the matrix (what the playbooks see as gpuboot_release)."""
+    return _read(name, releases_dir)[1]
+
+
+def _read(name: str, releases_dir: Path | None) -> tuple[Path, dict]:
     base = releases_dir or content.releases_dir()
     path = base / f"{name}.yml"
     if not path.is_file():
@@ -67,12 +71,11 @@ def entry(name: str, releases_dir: Path | None = None) -> dict:
     body = data.get("gpuboot_release") if isinstance(data, dict) else None
     if not isinstance(body, dict):
         raise MatrixError(f"{path}: the top-level key must be gpuboot_release")
-    return body
+    return path, body
 
 
 def load(name: str, releases_dir: Path | None = None) -> Release:
-    body = entry(name, releases_dir)
-    path = (releases_dir or content.releases_dir()) / f"{name}.yml"
+    path, body = _read(name, releases_dir)
     try:
         return Release.model_validate(body)
     except ValidationError as exc:

@@ -41,27 +41,25 @@ def address(i: int) -> str:
     return f"10.{1 + i // 62500}.{(i // 250) % 250}.{i % 250 + 1}"
 
 
-def yaml_inventory(root: Path, workers: int) -> Path:
-    # Each host its own copy: the YAML carries every value (no anchors), as operators write it.
-    hosts = {f"gpu{i:04d}": {"ansible_host": address(i), "gpuboot_node": copy.deepcopy(NODE)} for i in range(workers)}
+def written_out(root: Path, form: str, hosts: dict) -> Path:
+    """A YAML inventory with every GPU worker and its settings written out (no anchors)."""
     data = {"all": {"vars": {"gpuboot": SETTINGS}, "children": {
         "control_plane": {"hosts": {f"cp{i}": {"ansible_host": f"10.0.0.{10 + i}"} for i in (1, 2, 3)}},
         "workers": {"children": {"gpu_workers": {"hosts": hosts}}}}}}
-    path = root / "yaml" / "inventory.yml"
+    path = root / form / "inventory.yml"
     path.parent.mkdir(parents=True)
     path.write_text(yaml.safe_dump(data, default_flow_style=False))
     return path
+
+
+def yaml_inventory(root: Path, workers: int) -> Path:
+    # Each host its own copy of the settings, as operators write it.
+    return written_out(root, "yaml", {f"gpu{i:04d}": {"ansible_host": address(i), "gpuboot_node": copy.deepcopy(NODE)}
+                                      for i in range(workers)})
 
 
 def heavy_inventory(root: Path, workers: int) -> Path:
-    hosts = {f"gpu{i:04d}": heavy_node(i) for i in range(workers)}
-    data = {"all": {"vars": {"gpuboot": SETTINGS}, "children": {
-        "control_plane": {"hosts": {f"cp{i}": {"ansible_host": f"10.0.0.{10 + i}"} for i in (1, 2, 3)}},
-        "workers": {"children": {"gpu_workers": {"hosts": hosts}}}}}}
-    path = root / "heavy" / "inventory.yml"
-    path.parent.mkdir(parents=True)
-    path.write_text(yaml.safe_dump(data, default_flow_style=False))
-    return path
+    return written_out(root, "heavy", {f"gpu{i:04d}": heavy_node(i) for i in range(workers)})
 
 
 def ini_inventory(root: Path, workers: int) -> Path:

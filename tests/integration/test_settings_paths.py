@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = ROOT / "tests" / "corpus" / "forms" / "ini" / "inventory.ini"
 ROLE_INPUTS = sorted(yaml.safe_load((ROOT / "playbooks" / "group_vars" / "all" / "roles.yml").read_text()))
 
-# Beside playbooks/ so that playbooks/group_vars/ applies, as it does to every phase.
+# Run from a directory whose group_vars/ is playbooks/group_vars/, so it applies as it does to
+# every phase.
 DUMP = """\
 - name: Role inputs of every node
   hosts: all
@@ -57,20 +58,19 @@ def role_inputs(extra_vars_file: Path, out: Path, playbook: Path, tmp_path: Path
 
 def test_gpuboot_and_plain_ansible_playbook_give_every_role_the_same_inputs(tmp_path):
     cluster = load_cluster(INVENTORY)
-    playbook = ROOT / "playbooks" / f".test-role-inputs-{os.getpid()}.yml"
+    playbook = tmp_path / "playbooks" / "role-inputs.yml"
+    playbook.parent.mkdir()
+    (playbook.parent / "group_vars").symlink_to(ROOT / "playbooks" / "group_vars")
     playbook.write_text(DUMP)
-    try:
-        # gpuboot's way: the file the runner adapter hands ansible-playbook.
-        through_gpuboot = Path(_extravars_file(PlaybookRun(
-            playbook=playbook, inventory=INVENTORY, artifact_dir=tmp_path / "artifacts", ident="inputs",
-            extravars=cluster.extravars())))
-        # The plain way: the settings file `gpuboot render` writes.
-        plain = tmp_path / "render" / "cluster" / "settings.yml"
-        write_settings(cluster, plain)
-        got = role_inputs(through_gpuboot, tmp_path / "gpuboot", playbook, tmp_path)
-        want = role_inputs(plain, tmp_path / "plain", playbook, tmp_path)
-    finally:
-        playbook.unlink()
+    # gpuboot's way: the file the runner adapter hands ansible-playbook.
+    through_gpuboot = Path(_extravars_file(PlaybookRun(
+        playbook=playbook, inventory=INVENTORY, artifact_dir=tmp_path / "artifacts", ident="inputs",
+        extravars=cluster.extravars())))
+    # The plain way: the settings file `gpuboot render` writes.
+    plain = tmp_path / "render" / "cluster" / "settings.yml"
+    write_settings(cluster, plain)
+    got = role_inputs(through_gpuboot, tmp_path / "gpuboot", playbook, tmp_path)
+    want = role_inputs(plain, tmp_path / "plain", playbook, tmp_path)
     assert sorted(got) == sorted(n.name for n in cluster.nodes)
     assert got == want
     # The values are the settings', not empty: a check that cannot pass on nothing.

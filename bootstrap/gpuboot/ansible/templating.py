@@ -43,19 +43,23 @@ class HostView:
     variables: dict[str, Any]
     templar: Any
 
-    def template(self, value: Any, **extra: Any) -> Any:
+    def with_vars(self, **extra: Any) -> HostView:
+        """The same host with more variables (a loop's item, a redacted secret)."""
         if not extra:
-            return self.templar.template(value)
-        return self.templar.copy_with_new_env(available_variables={**self.variables, **extra}).template(value)
+            return self
+        variables = {**self.variables, **extra}
+        return HostView(self.host, variables, self.templar.copy_with_new_env(available_variables=variables))
+
+    def template(self, value: Any) -> Any:
+        return self.templar.template(value)
 
     def holds(self, conditions: list) -> bool:
         return all(self.templar.evaluate_conditional(c) for c in conditions)
 
-    def render_file(self, source: Path, dest: str, **extra: Any) -> str:
+    def render_file(self, source: Path, dest: str) -> str:
         """What ansible.builtin.template would write to dest from source."""
         a = _ansible()
-        variables = {**self.variables, **extra,
-                     **a.template_vars(path=source.name, fullpath=str(source), dest_path=dest)}
+        variables = {**self.variables, **a.template_vars(path=source.name, fullpath=str(source), dest_path=dest)}
         searchpath = [str(source.parent), str(source.parent.parent)]
         templar = self.templar.copy_with_new_env(searchpath=searchpath, available_variables=variables)
         text = templar.template(a.trust_as_template(source.read_text()), escape_backslashes=False,

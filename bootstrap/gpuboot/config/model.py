@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
+from gpuboot import matrix
+
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 # Kubernetes extended resource name, e.g. nvidia.com/rdma_shared_a or rdma/cx7.
 RESOURCE_NAME = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -260,7 +262,6 @@ class Cluster(BaseModel):
     def extravars(self) -> dict[str, Any]:
         """The validated settings as Ansible reads them: every default filled in by this model.
         File references only: validation refuses inline secrets."""
-        from gpuboot import matrix
         return {"gpuboot_settings": self.settings.model_dump(mode="json"),
                 "gpuboot_nodes": {n.name: n.settings.model_dump(mode="json") for n in self.nodes},
                 # The matrix entry as data: read once here, not once per variable lookup per host.

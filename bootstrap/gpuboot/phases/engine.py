@@ -41,8 +41,6 @@ class RunOptions:
     host_key_checking: bool = True
     verbosity: int = 0
     resume_hint: str = "gpuboot up {inventory} --from {phase}"
-    extravars: tuple[tuple[str, object], ...] = ()  # more run-wide extra vars, as data
-    record_state: bool = True  # False for runs that change nothing on hosts (render)
 
 
 def ssh_defaults(cluster: Cluster) -> dict[str, str]:
@@ -105,7 +103,7 @@ class Engine:
             extravars={**self.cluster.extravars(), "gpuboot_run_id": run_id,
                        # The admin kubeconfig (0600) lives beside the cluster's state.
                        "gpuboot_kubeconfig": str(self.state.root / "admin.conf"),
-                       **dict(self.options.extravars), **extra},
+                       **extra},
             envvars=self._envvars(run_dir),
             forks=forks_for(self.cluster),
             check=self.options.check,
@@ -234,7 +232,7 @@ class Engine:
         hosts = {p.name: self.cluster.hosts_matching(p.hosts) for p in phases}
         digests = {p.name: convergence.fingerprint(self.cluster, p, hosts[p.name]) for p in phases}
         first = self.cluster.first_control_plane
-        on_hosts = self.options.record_state and not self.options.check and first is not None
+        on_hosts = not self.options.check and first is not None
         holder = convergence.holder(run_id, self.options.command, self.state.root.parent)
         locked = False
         try:
@@ -261,7 +259,7 @@ class Engine:
                     phase_ok = result.ok
                     self.sink(PhaseFinished(phase.name, "ok" if phase_ok else "failed", changed,
                                             failed_hosts, round(time.monotonic() - t0, 2)))
-                    if not self.options.check and self.options.record_state:
+                    if not self.options.check:
                         self.state.record_phase(phase.name, status="ok" if phase_ok else "failed",
                                                 fingerprint=digests[phase.name], run_id=run_id, changed=changed)
                     if phase_ok:

@@ -31,7 +31,7 @@ from gpuboot import content
 from gpuboot.ansible.templating import HostView, PlaybookVariables, PlayView
 from gpuboot.config.model import Cluster
 from gpuboot.errors import UsageError
-from gpuboot.phases.catalog import UP, Phase
+from gpuboot.phases.catalog import UP, Phase, by_name
 
 SETTINGS_FILE = Path("cluster") / "settings.yml"
 FILES_SUFFIX = "_files"
@@ -80,11 +80,11 @@ def role_files(view: HostView, role: str, role_path: Path) -> Iterator[RenderedF
             continue
         items = view.template(entry["loop"]) if "loop" in entry else [None]
         for item in items:
-            bound = {} if item is None else {"item": item}
-            redacted = {name: view.template(text, **bound) for name, text in (entry.get("redact") or {}).items()}
-            dest = view.template(entry["dest"], **bound)
-            text = view.render_file(role_path / "templates" / entry["src"], dest, **bound, **redacted)
-            yield RenderedFile(view.host, dest, str(view.template(entry.get("mode", "0644"), **bound)), text)
+            each = view if item is None else view.with_vars(item=item)
+            redacted = each.with_vars(**{name: each.template(text) for name, text in (entry.get("redact") or {}).items()})
+            dest = each.template(entry["dest"])
+            text = redacted.render_file(role_path / "templates" / entry["src"], dest)
+            yield RenderedFile(view.host, dest, str(each.template(entry.get("mode", "0644"))), text)
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def render_workers(units_count: int) -> int:
 def render(cluster: Cluster, out: Path, phases: tuple[str, ...]) -> list[Path]:
     global _SHARED
     known = renderable_phases()
-    catalog = {p.name: p for p in UP}
+    catalog = by_name(UP)
     for name in phases:
         if name not in catalog:
             raise UsageError(f"--phase {name}: no such phase", hint=f"phases: {', '.join(catalog)}")
