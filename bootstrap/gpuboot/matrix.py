@@ -22,7 +22,10 @@ class OsPackages(BaseModel):
     kube_packages: Component
     kernel_headers: str
     gpu_driver_container: bool
+    # The OS part of the driver image tags; `{version}` is the node's VERSION_ID.
     image_os_tag: str
+    # The tag carries the minor (rhel9.6), so nodes must say which minor they run.
+    os_minor_in_tag: bool = False
 
 
 class RuntimeImage(BaseModel):
@@ -32,7 +35,10 @@ class RuntimeImage(BaseModel):
     component: str
     image: str
     per: list[Literal["kernel", "arch"]] = []
-    when: list[Literal["gpu_driver_container", "precompiled", "rdma"]] = []
+    # Conditions on a node, all of which must hold: gpu_container_driver / gpu_precompiled_driver
+    # (the GPU Operator deploys that kind of driver there), rdma (it has NICs for the Network
+    # Operator), doca_precompiled (rdma, with gpuboot.drivers.precompiled).
+    when: list[Literal["gpu_container_driver", "gpu_precompiled_driver", "rdma", "doca_precompiled"]] = []
 
 
 class Release(BaseModel):
@@ -43,12 +49,36 @@ class Release(BaseModel):
     kubernetes: Component
     containerd: Component
     os: dict[str, OsPackages]
-    images: dict[str, list[str]] = {}
+    # Per component: a list, or a mapping from the chart value that deploys each image.
+    images: dict[str, list[str] | dict[str, str]] = {}
     runtime_images: list[RuntimeImage] = []
 
     @property
     def supported_os(self) -> list[str]:
         return list(self.os)
+
+    def os_for(self, os_id: str) -> tuple[str, OsPackages, str]:
+        """The matrix entry of an OS as a node names it (`<id>-<VERSION_ID>`): its key, its
+        packages and the OS part of its driver image tags."""
+        name, _, version = os_id.partition("-")
+        key = os_id if os_id in self.os else f"{name}-{version.split('.')[0]}"
+        if key not in self.os:
+            raise MatrixError(f"{os_id} is not supported by release {self.name}",
+                              hint=f"use one of: {', '.join(self.supported_os)}")
+        packages = self.os[key]
+        if packages.os_minor_in_tag and "." not in version:
+            raise MatrixError(f"the driver images for {key} are tagged per minor release, and {os_id} names none",
+                              hint=f"write the node's VERSION_ID from /etc/os-release, e.g. {key}.6")
+        return key, packages, packages.image_os_tag.format(version=version)
+
+    def component_images(self, component: str) -> list[str]:
+        refs = self.images.get(component) or []
+        return list(refs.values()) if isinstance(refs, dict) else list(refs)
+
+    def precompiled_kernels(self, os_tag: str) -> list[str]:
+        """Kernels with a published precompiled GPU driver image for this OS tag."""
+        gpu = (self.model_extra or {}).get("gpu_operator") or {}
+        return list((gpu.get("precompiled_kernels") or {}).get(os_tag) or [])
 
 
 def available(releases_dir: Path | None = None) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuboot import gpus
 from tests.doubles.hardware.sysfs import build_tree, hgx_server, load_capture
 
 MODULE_PATH = Path(__file__).resolve().parents[2] / "roles" / "preflight" / "library" / "gpuboot_hardware_facts.py"
@@ -23,7 +24,7 @@ FABRIC = {"name": "fabric", "pf_names": ["ens1f0np0", "ens2f0np0"], "num_vfs": 8
 
 def discover(facts, tmp_path, nics=()):
     sys_root, proc_root = build_tree(facts, tmp_path / "host")
-    return hw.discover(str(sys_root), str(proc_root), list(nics))
+    return hw.discover(str(sys_root), str(proc_root), list(nics), gpus.catalog_data())
 
 
 def evaluate(facts, tmp_path, gpu=None, nics=(), expect_gpu=True, module_type="open"):
@@ -42,8 +43,8 @@ def test_real_h100_capture_is_one_open_module_h100(tmp_path):
     assert found["nvswitches"] == 0
     # The virtio NIC of the capture is not a ConnectX.
     assert found["connectx"] == []
-    assert evaluate(load_capture("h100-sxm5-vm-capture"), tmp_path / "e", gpu={"count": 1, "mig_strategy": "single",
-                                                                           "mig_profile": "all-1g.10gb"}) == ([], [])
+    assert evaluate(load_capture("h100-sxm5-vm-capture"), tmp_path / "e", gpu={"count": 1, "model": "H100-SXM5-80GB",
+                                                                           "mig": {"layout": "all-1g.10gb"}}) == ([], [])
 
 
 def test_hgx_counts_gpus_not_nvswitches(tmp_path):
@@ -58,7 +59,7 @@ def test_hgx_counts_gpus_not_nvswitches(tmp_path):
 
 
 def test_a_healthy_hgx_has_no_problems(tmp_path):
-    assert evaluate(hgx_server(), tmp_path, gpu={"count": 8, "mig_strategy": "mixed", "mig_profile": "all-balanced"},
+    assert evaluate(hgx_server(), tmp_path, gpu={"count": 8, "mig": {"layout": "all-balanced"}},
                     nics=[FABRIC]) == ([], [])
 
 
@@ -70,9 +71,8 @@ def test_by_pci_address_and_ib_link(tmp_path):
 @pytest.mark.parametrize("server, gpu, nics, expected", [
     (hgx_server(gpus=0, nvswitches=0), {}, [], "no NVIDIA GPU found"),
     (hgx_server(gpus=7), {"count": 8}, [], "the inventory expects 8 GPU(s), found 7 (H200 SXM 141GB"),
-    (hgx_server(gpu_device="0x26b9"), {"mig_strategy": "single"}, [], "mig_strategy single is set but L40S 48GB has no MIG"),
-    (hgx_server(), {"mig_strategy": "single", "mig_profile": "all-1g.10gb"}, [],
-     "mig_profile all-1g.10gb does not exist on H200 SXM 141GB; its profiles are all-1g.18gb"),
+    (hgx_server(gpu_device="0x26b9"), {"mig": {"layout": "all-1g.6gb"}}, [], "a MIG layout is set but L40S 48GB has no MIG"),
+    (hgx_server(), {"model": "H100-SXM5-80GB"}, [], "the inventory says H100-SXM5-80GB, the node has H200 SXM 141GB (PCI device 0x2335)"),
     (hgx_server(gpu_device="0x1db5"), {}, [], "V100 SXM2 32GB (volta) cannot run the open kernel modules"),
     (hgx_server(secure_boot=True), {}, [], "Secure Boot is enabled"),
     (hgx_server(connectx=1), {}, [FABRIC], "NIC fabric port ens2f0np0 does not exist on this host (ConnectX ports found: 0000:1a:00.0)"),
@@ -101,7 +101,7 @@ def test_a_non_connectx_port_cannot_do_rdma(tmp_path):
     (hgx_server(gpu_device="0x2bff"), "not in gpuboot's GPU table"),
 ])
 def test_warnings_do_not_fail(tmp_path, server, expected):
-    problems, warnings = evaluate(server, tmp_path, gpu={"mig_strategy": "single"}, nics=[FABRIC])
+    problems, warnings = evaluate(server, tmp_path, gpu={"mig": {"layout": "all-balanced"}}, nics=[FABRIC])
     assert problems == []
     assert any(expected in w for w in warnings), warnings
 
@@ -113,7 +113,7 @@ def test_a_cpu_worker_is_not_asked_for_gpus(tmp_path):
 def test_the_module_runs_as_ansible_runs_it(tmp_path):
     """Through AnsibleModule's own argument parsing, as Ansible calls it: JSON args in, JSON out."""
     sys_root, proc_root = build_tree(hgx_server(gpus=7), tmp_path / "host")
-    args = {"ANSIBLE_MODULE_ARGS": {"expect_gpu": True, "gpu": {"count": 8}, "nics": [FABRIC],
+    args = {"ANSIBLE_MODULE_ARGS": {"expect_gpu": True, "gpu": {"count": 8}, "nics": [FABRIC], "gpu_models": gpus.catalog_data(),
                                     "sys_root": str(sys_root), "proc_root": str(proc_root)}}
     result = subprocess.run([sys.executable, str(MODULE_PATH)], input=json.dumps(args), capture_output=True,
                             text=True, check=False)
@@ -128,4 +128,4 @@ def test_the_module_runs_as_ansible_runs_it(tmp_path):
 def test_documentation_is_valid_yaml():
     import yaml
     doc = yaml.safe_load(hw.DOCUMENTATION)
-    assert set(doc["options"]) == {"expect_gpu", "gpu", "nics", "kernel_module_type", "sys_root", "proc_root"}
+    assert set(doc["options"]) == {"expect_gpu", "gpu", "gpu_models", "nics", "kernel_module_type", "sys_root", "proc_root"}

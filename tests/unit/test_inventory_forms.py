@@ -69,7 +69,7 @@ def test_a_wrong_value_set_on_a_group_is_found_where_it_is_written(tmp_path):
             gpuboot_node:
               gpu:
                 count: 8
-                mig_strategy: bogus
+                driver: bogus
               nics:
                 - {name: fabric, pf_names: [ens1f0np0], num_vfs: 300, resource_name: nvidia.com/cx7}
             """})
@@ -78,7 +78,7 @@ def test_a_wrong_value_set_on_a_group_is_found_where_it_is_written(tmp_path):
     problems = info.value.problems
     where = {(p.path, Path(p.file).name, p.line) for p in problems}
     # Reported once per host that inherits it, at the line in group_vars/gpu_workers.yml.
-    assert ("gpu01.gpuboot_node.gpu.mig_strategy", "gpu_workers.yml", 4) in where
+    assert ("gpu01.gpuboot_node.gpu.driver", "gpu_workers.yml", 4) in where
     assert ("gpu16.gpuboot_node.nics.0.num_vfs", "gpu_workers.yml", 6) in where
 
 

@@ -11,8 +11,8 @@ import yaml
 from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
-from gpuboot.errors import InventoryError, MirrorError
-from gpuboot.mirror.plan import Target, build
+from gpuboot.errors import InventoryError, MatrixError, MirrorError
+from gpuboot.mirror.plan import NodeTarget, Target, build
 from gpuboot.mirror.refs import parse_image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,22 +26,35 @@ def refs(plan) -> set[str]:
 def test_sample_plan_lists_the_runtime_resolved_driver_images():
     cluster = load_cluster(SAMPLE)
     release = matrix.load(cluster.settings.release)
-    plan = build(release, Target.of(cluster))
+    plan = build(release, Target.of(cluster, release))
     gpu = release.model_extra["gpu_operator"]
     doca = release.model_extra["network_operator"]["doca_driver_version"]
-    expected = {f"nvcr.io/nvidia/driver:{gpu['driver_version']}-ubuntu22.04"}
-    for kernel in cluster.settings.node_os.kernels:
+    # Each GPU node's own kernel (gpuboot_node.kernel), precompiled as gpuboot.drivers asks:
+    # no driver built on a node, so no generic driver image and no kernel headers.
+    expected = {f"nvcr.io/nvidia/mellanox/doca-driver:{doca}-ubuntu22.04-amd64"}
+    for node in ("gpu01", "gpu02"):
+        kernel = cluster.host_inputs(node)["gpuboot_node"]["kernel"]
         expected.add(f"nvcr.io/nvidia/driver:{gpu['driver_branch']}-{kernel}-ubuntu22.04")
         expected.add(f"nvcr.io/nvidia/mellanox/doca-driver:{doca}-{kernel}-ubuntu22.04-amd64")
-    expected.add(f"nvcr.io/nvidia/mellanox/doca-driver:{doca}-ubuntu22.04-amd64")
-    assert expected <= refs(plan)
     resolved = [i for i in plan.images if i.why.startswith("resolved at run time")]
     assert {str(i.ref) for i in resolved} == expected
-    # Kernel headers for the driver build, per kernel, and the pinned node packages.
     packages = {str(p) for p in plan.packages}
-    assert "ubuntu-22.04: linux-headers-5.15.0-1032-nvidia" in packages
+    assert not [p for p in packages if "linux-headers" in p]
     assert f"ubuntu-22.04: kubeadm={release.os['ubuntu-22.04'].kube_packages.version}" in packages
     assert {c.name for c in plan.charts} == {"tigera-operator", "gpu-operator", "network-operator", "argo-cd"}
+
+
+def test_container_drivers_plan_the_generic_image_and_headers_per_kernel():
+    release = matrix.load("k8s-1.35")
+    nodes = (NodeTarget("ubuntu-22.04", "ubuntu22.04", ("5.15.0-127-generic",), gpu_driver="container"),
+             NodeTarget("ubuntu-22.04", "ubuntu22.04", ("5.15.0-130-generic",), gpu_driver="container"),
+             NodeTarget("ubuntu-24.04", "ubuntu24.04", ("6.8.0-52-generic",), gpu_driver="preinstalled"))
+    plan = build(release, Target(nodes))
+    version = release.model_extra["gpu_operator"]["driver_version"]
+    assert [r for r in refs(plan) if r.startswith("nvcr.io/nvidia/driver:")] == [f"nvcr.io/nvidia/driver:{version}-ubuntu22.04"]
+    headers = sorted(str(p) for p in plan.packages if "headers" in p.name)
+    assert headers == ["ubuntu-22.04: linux-headers-5.15.0-127-generic", "ubuntu-22.04: linux-headers-5.15.0-130-generic"]
+    assert any("ubuntu-24.04 use the driver installed on the host" in note for note in plan.notes)
 
 
 @pytest.mark.parametrize("release_name", matrix.available())
@@ -55,25 +68,30 @@ def test_kubernetes_images_are_kubeadms_list_for_the_version(release_name):
     assert {i.repository for i in images} >= {"etcd", "coredns/coredns", "pause"}
     # Every image names a registry the nodes' hosts.toml sends to the mirror.
     upstream = set(release.model_extra["upstream_registries"])
-    plan = build(release, Target(os_ids=tuple(release.os), kernels=("6.8.0-31-generic",),
-                                 architectures=("amd64", "arm64"), precompiled=True))
+    nodes = tuple(NodeTarget(key, release.os_for(key if not entry.os_minor_in_tag else key + ".6")[2],
+                             ("6.8.0-31-generic",), ("amd64", "arm64"), kind, True, True)
+                  for key, entry in release.os.items() for kind in ("container", "precompiled"))
+    plan = build(release, Target(nodes))
     assert {i.ref.registry for i in plan.images} <= upstream
 
 
 def test_architectures_and_kernels_multiply_the_doca_images():
     release = matrix.load("k8s-1.35")
-    plan = build(release, Target(os_ids=("ubuntu-24.04",), kernels=("6.8.0-31-generic", "6.8.0-49-generic"),
-                                 architectures=("amd64", "arm64"), precompiled=True))
+    nodes = tuple(NodeTarget("ubuntu-24.04", "ubuntu24.04", (kernel,), ("amd64", "arm64"), rdma=True, precompiled=True)
+                  for kernel in ("6.8.0-31-generic", "6.8.0-49-generic"))
+    plan = build(release, Target(nodes))
     doca = [r for r in refs(plan) if "doca-driver" in r]
     assert len(doca) == 2 + 2 * 2  # per arch, plus per kernel and arch
-    without = build(release, Target(os_ids=("ubuntu-24.04",), kernels=("6.8.0-31-generic",), rdma=False))
+    without = build(release, Target((NodeTarget("ubuntu-24.04", "ubuntu24.04", ("6.8.0-31-generic",)),)))
     assert not [r for r in refs(without) if "doca-driver" in r]
 
 
-def test_debian_has_no_driver_container_and_says_so():
-    plan = build(matrix.load("k8s-1.35"), Target(os_ids=("debian-12",), kernels=("6.1.0-28-amd64",)))
-    assert not [r for r in refs(plan) if r.startswith("nvcr.io/nvidia/driver:")]
-    assert any("no GPU Operator driver container" in note for note in plan.notes)
+def test_os_minor_reaches_the_driver_tag():
+    release = matrix.load("k8s-1.35")
+    assert release.os_for("rhel-9.4")[::2] == ("rhel-9", "rhel9.4")
+    assert release.os_for("ubuntu-22.04")[2] == "ubuntu22.04"
+    with pytest.raises(MatrixError, match="tagged per minor release"):
+        release.os_for("rhel-9")
 
 
 def _inventory(tmp_path: Path, **gpuboot_extra) -> Path:
@@ -92,8 +110,8 @@ def _inventory(tmp_path: Path, **gpuboot_extra) -> Path:
 def test_gpu_cluster_without_node_os_cannot_be_planned(tmp_path):
     cluster = load_cluster(_inventory(tmp_path, node_os=None, drivers=None))
     with pytest.raises(MirrorError) as err:
-        Target.of(cluster)
-    assert "gpuboot.node_os is not set" in err.value.message and "kernels" in err.value.hint
+        Target.of(cluster, matrix.load(cluster.settings.release))
+    assert "the OS of gpu01, gpu02 is not known" in err.value.message and "kernels" in err.value.hint
 
 
 def test_node_os_must_be_in_the_release_and_precompiled_needs_kernels(tmp_path):
@@ -129,7 +147,7 @@ def test_unknown_placeholder_in_a_runtime_image_is_an_error(tmp_path):
     (tmp_path / "k8s-1.35.yml").write_text(text)
     release = matrix.load("k8s-1.35", tmp_path)
     with pytest.raises(MirrorError) as err:
-        build(release, Target(os_ids=("ubuntu-22.04",)))
+        build(release, Target((NodeTarget("ubuntu-22.04", "ubuntu22.04", gpu_driver="container"),)))
     assert "gpu_operator.driver_versoin" in err.value.message
 
 

@@ -24,7 +24,7 @@ def test_sample_inventory_is_valid_and_complete():
     assert [n.name for n in cluster.control_planes] == ["cp01", "cp02", "cp03"]
     gpu = {n.name: n for n in cluster.in_group("gpu_workers")}
     assert set(gpu) == {"gpu01", "gpu02"}
-    assert gpu["gpu01"].settings.gpu.mig_strategy == "mixed"
+    assert gpu["gpu01"].settings.gpu.mig.devices[0].instances == {"1g.18gb": 7}
     assert gpu["gpu02"].settings.nics[0].link_type == "ib"
     # gpu_workers are workers too (child group), the bastion is not a cluster node.
     assert {n.name for n in cluster.in_group("workers")} == {"cpu01", "gpu01", "gpu02"}
@@ -177,4 +177,4 @@ def test_the_model_is_the_one_owner_of_defaults(tmp_path):
     data = minimal.extravars()
     assert data["gpuboot_settings"]["control_plane"]["port"] == 6443  # external: the API servers' port
     assert data["gpuboot_settings"]["networking"]["cni"] == "calico"
-    assert data["gpuboot_nodes"] == {"cp1": {"gpu": None, "nics": []}}
+    assert data["gpuboot_nodes"] == {"cp1": {"gpu": None, "nics": [], "os": None, "kernel": None}}

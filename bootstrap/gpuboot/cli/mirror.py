@@ -24,7 +24,8 @@ class MirrorContext:
             raise UsageError("give either an INVENTORY or --release, not both and not neither")
         if inventory:
             cluster = load_cluster(inventory, releases_dir=self.releases_dir)
-            return build(matrix.load(cluster.settings.release, self.releases_dir), Target.of(cluster)), cluster
+            release = matrix.load(cluster.settings.release, self.releases_dir)
+            return build(release, Target.of(cluster, release)), cluster
         return build(matrix.load(release, self.releases_dir)), None
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpuboot.config.inventory import AnsibleInventory, Where
 from gpuboot.config.model import DNS_LABEL, SECRET_KEY, GpubootSettings, Node
-from gpuboot.errors import Problem
+from gpuboot.errors import MatrixError, Problem
 
 SSH_PASSWORD_VARS = {"ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
                      "ansible_become_password", "ansible_become_pass", "ansible_sudo_pass"}
@@ -217,10 +217,11 @@ def node_os(settings: GpubootSettings, release, where: Where) -> list[Problem]:
     if declared is None:
         return []
     problems: list[Problem] = []
-    if declared.id not in release.os:
+    try:
+        release.os_for(declared.id)
+    except MatrixError as exc:
         problems.append(Problem(where.file, where.child("node_os", "id").line, "gpuboot.node_os.id",
-                                f"{declared.id} is not supported by release {release.name}",
-                                f"use one of: {', '.join(release.supported_os)}"))
+                                exc.message, exc.hint))
     min_kernel = getattr(release, "min_kernel", None) or (release.model_extra or {}).get("min_kernel")
     for index, kernel in enumerate(declared.kernels):
         path = ("node_os", "kernels", index)

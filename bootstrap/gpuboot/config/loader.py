@@ -5,7 +5,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpuboot import matrix
+from gpuboot import gpu_plan, matrix
 from gpuboot.config import checks
 from gpuboot.config.errors_map import problems_from
 from gpuboot.config.inventory import AnsibleInventory, Where, read_inventory
@@ -45,7 +45,8 @@ def _settings(inv: AnsibleInventory) -> tuple[GpubootSettings | None, Where | No
 
 
 def _nodes(inv: AnsibleInventory, default_port: int) -> tuple[list[Node], list[Problem]]:
-    nodes, problems = [], []
+    nodes: list[Node] = []
+    problems: list[Problem] = []
     for host in inv.hosts.values():
         settings = NodeSettings()
         raw = host.vars.get(NODE_VAR)
@@ -76,6 +77,15 @@ def _nodes(inv: AnsibleInventory, default_port: int) -> tuple[list[Node], list[P
     return nodes, problems
 
 
+def _gpu_misfits(inv: AnsibleInventory, plan: gpu_plan.GpuPlan) -> list[Problem]:
+    problems = []
+    for misfit in plan.misfits:
+        where = inv.hosts[misfit.node].where(NODE_VAR).child(*misfit.path)
+        path = ".".join(str(p) for p in (misfit.node, NODE_VAR, *misfit.path))
+        problems.append(Problem(where.file, where.line, path, misfit.message, misfit.fix))
+    return problems
+
+
 def load_cluster(path: str | Path, *, check_files: bool = False, releases_dir: Path | None = None) -> Cluster:
     """Read and validate an inventory without touching any host."""
     path = Path(path)
@@ -100,6 +110,7 @@ def load_cluster(path: str | Path, *, check_files: bool = False, releases_dir: P
                                     f"{settings.release!r}: {exc.message}", exc.hint))
         else:
             problems += checks.node_os(settings, release, where)
+            problems += _gpu_misfits(inv, gpu_plan.resolve(settings, release, nodes))
         problems += checks.addresses(settings, nodes, where)
         problems += checks.references(settings, nodes, where, inv.path, check_files=check_files)
         problems += checks.tenants(settings, nodes, where)

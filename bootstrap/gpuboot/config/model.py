@@ -109,11 +109,14 @@ class Mirror(Strict):
         return self
 
 
+OsId = Annotated[str, Field(pattern=r"^[a-z]+-[0-9]+(\.[0-9]+)?$")]
+
+
 class NodeOs(Strict):
     """What the nodes run. The GPU and DOCA driver images are chosen per OS, kernel and
     architecture at run time, so the mirror plan needs these to be complete."""
 
-    id: Annotated[str, Field(pattern=r"^[a-z]+-[0-9.]+$")]
+    id: OsId
     # Checked against the release (a kernel string, not older than its min_kernel) in checks.node_os.
     kernels: list[Annotated[str, Field(min_length=1)]] = []
     architectures: list[Literal["amd64", "arm64"]] = ["amd64"]
@@ -123,6 +126,41 @@ class Drivers(Strict):
     # Precompiled GPU/DOCA driver containers (one image per kernel) instead of building
     # the modules on each node at start-up.
     precompiled: bool = False
+
+
+MigInstances = dict[Annotated[str, Field(pattern=r"^[0-9]+g\.[0-9]+gb(\+me)?$")], Annotated[int, Field(ge=1, le=7)]]
+
+
+class MigDevices(Strict):
+    """MIG instances on some of a node's GPUs. `instances` empty: MIG off, the GPUs stay whole."""
+
+    # GPU indexes as nvidia-smi numbers them, or every GPU of the node.
+    gpus: Literal["all"] | list[Annotated[int, Field(ge=0, le=15)]] = "all"
+    instances: MigInstances = {}
+
+
+class Mig(Strict):
+    """A node's MIG layout: a named one, or the instances per GPU."""
+
+    # all-disabled, all-balanced, all-<profile> (e.g. all-1g.10gb), or a name from
+    # gpuboot.gpu_operator.mig_layouts.
+    layout: Annotated[str, Field(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")] | None = None
+    devices: list[MigDevices] = []
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Mig:
+        if (self.layout is None) == (not self.devices):
+            raise ValueError("mig needs exactly one of layout and devices; give mig.layout (a named layout) "
+                             "or mig.devices (instances per GPU)")
+        return self
+
+
+class GpuOperator(Strict):
+    # How MIG devices are advertised: mixed (nvidia.com/mig-1g.10gb, ...) or single (every MIG
+    # device as nvidia.com/gpu; each MIG node then uses one profile on all its GPUs).
+    mig_strategy: Literal["single", "mixed"] = "mixed"
+    # Named MIG layouts nodes can pick with gpu.mig.layout, as instances per GPU.
+    mig_layouts: dict[Annotated[str, Field(pattern=r"^[a-z0-9][-a-z0-9_.]{0,62}$")], list[MigDevices]] = {}
 
 
 class GitOps(Strict):
@@ -154,6 +192,7 @@ class GpubootSettings(Strict):
     mirror: Mirror = Mirror()
     node_os: NodeOs | None = None
     drivers: Drivers = Drivers()
+    gpu_operator: GpuOperator = GpuOperator()
     gitops: GitOps | None = None
     tenants: list[Tenant] = []
     # Ansible host patterns (hosts or groups) of the inventory that gpuboot leaves alone:
@@ -161,18 +200,29 @@ class GpubootSettings(Strict):
     ignored_hosts: list[Annotated[str, Field(min_length=1)]] = []
 
 
+DriverKind = Literal["container", "precompiled", "preinstalled"]
+
+
 class GpuSettings(Strict):
+    # A model of mirror/gpus.yml (e.g. H100-SXM5-80GB); preflight checks the node really has it.
+    model: str | None = None
     # How many GPUs the node must show; preflight fails when one has fallen off the bus.
     count: int | None = Field(None, ge=1, le=16)
-    mig_strategy: Literal["none", "single", "mixed"] = "none"
-    mig_profile: str | None = None
+    # container: the GPU Operator builds the driver on the node; precompiled: its image per
+    # kernel; preinstalled: the host has the driver (DGX OS), the operator deploys none.
+    # Unset: gpuboot.drivers.precompiled decides, and preinstalled where the OS has no driver container.
+    driver: DriverKind | None = None
+    mig: Mig | None = None
     time_slicing_replicas: int | None = Field(None, ge=2, le=64)
 
-    @model_validator(mode="after")
-    def _profile_needs_strategy(self) -> GpuSettings:
-        if self.mig_profile and self.mig_strategy == "none":
-            raise ValueError("mig_profile is set but mig_strategy is none; set mig_strategy to single or mixed")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        if isinstance(data, dict) and ({"mig_strategy", "mig_profile"} & set(data)):
+            raise ValueError("mig_strategy and mig_profile were replaced; write the node's layout as "
+                             "gpu.mig.layout (e.g. all-1g.10gb) or gpu.mig.devices, and the strategy once for the "
+                             "cluster as gpuboot.gpu_operator.mig_strategy")
+        return data
 
 
 class Nic(Strict):
@@ -195,6 +245,10 @@ class Nic(Strict):
 class NodeSettings(Strict):
     gpu: GpuSettings | None = None
     nics: list[Nic] = []
+    # What this node runs when it differs from gpuboot.node_os: `<id>-<VERSION_ID>` (the driver
+    # image tag of some OSes carries the minor, e.g. rhel-9.6) and `uname -r`.
+    os: OsId | None = None
+    kernel: Annotated[str, Field(min_length=1)] | None = None
 
 
 class Node(BaseModel):
@@ -262,10 +316,22 @@ class Cluster(BaseModel):
     def extravars(self) -> dict[str, Any]:
         """The validated settings as Ansible reads them: every default filled in by this model.
         File references only: validation refuses inline secrets."""
+        from gpuboot import gpus
+
         return {"gpuboot_settings": self.settings.model_dump(mode="json"),
                 "gpuboot_nodes": {n.name: n.settings.model_dump(mode="json") for n in self.nodes},
                 # The matrix entry as data: read once here, not once per variable lookup per host.
-                "gpuboot_release": matrix.entry(self.settings.release)}
+                "gpuboot_release": matrix.entry(self.settings.release),
+                # What each GPU node gets from the GPU Operator, resolved once.
+                "gpuboot_gpu": self.gpu_plan.as_data(),
+                # The GPU table, for preflight to recognise the models on the nodes.
+                "gpuboot_gpu_models": gpus.catalog_data()}
+
+    @property
+    def gpu_plan(self):
+        from gpuboot import gpu_plan
+
+        return gpu_plan.resolve(self.settings, matrix.load(self.settings.release), self.nodes)
 
     def in_group(self, group: str) -> list[Node]:
         return [n for n in self.nodes if group in n.groups]

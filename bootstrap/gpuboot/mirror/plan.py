@@ -8,6 +8,7 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
+from gpuboot import gpu_plan
 from gpuboot.config.model import Cluster
 from gpuboot.errors import MirrorError
 from gpuboot.matrix import Release
@@ -74,32 +75,62 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class Target:
-    """What the plan is expanded for: the nodes' OS, kernels, architectures and features."""
+class NodeTarget:
+    """What one kind of node runs, as far as the images the operators pick for it go."""
 
-    os_ids: tuple[str, ...]
+    os_key: str
+    os_tag: str
     kernels: tuple[str, ...] = ()
     architectures: tuple[str, ...] = ("amd64",)
-    gpu_workers: bool = True
-    rdma: bool = True
-    precompiled: bool = False
+    gpu_driver: str | None = None   # container | precompiled | preinstalled; None: no GPU
+    rdma: bool = False
+    precompiled: bool = False       # gpuboot.drivers.precompiled (DOCA)
+
+    def holds(self, condition: str) -> bool:
+        return {"gpu_container_driver": self.gpu_driver == "container",
+                "gpu_precompiled_driver": self.gpu_driver == "precompiled",
+                "rdma": self.rdma, "doca_precompiled": self.rdma and self.precompiled}[condition]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the plan is expanded for: the kinds of nodes, and the operands the GPU
+    Operator's values turn on (None: all of the release's)."""
+
+    nodes: tuple[NodeTarget, ...] = ()
+    gpu_operands: tuple[str, ...] | None = None
+
+    @property
+    def os_keys(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(n.os_key for n in self.nodes))
 
     @classmethod
-    def of(cls, cluster: Cluster) -> Target:
+    def of(cls, cluster: Cluster, release: Release) -> Target:
         settings = cluster.settings
-        gpu = bool(cluster.in_group("gpu_workers"))
-        rdma = any(node.settings.nics for node in cluster.nodes)
-        if settings.node_os is None:
-            if gpu or rdma:
-                raise MirrorError(
-                    f"{cluster.inventory}: gpuboot.node_os is not set, so the GPU/DOCA driver images "
-                    "(tagged per OS and kernel at run time) cannot be listed",
-                    hint="add gpuboot.node_os: {id: ubuntu-22.04, kernels: [<uname -r of the GPU nodes>]}")
-            # Without the OS no package can be planned; images need no OS here.
-            return cls(os_ids=(), gpu_workers=False, rdma=False)
-        return cls(os_ids=(settings.node_os.id,), kernels=tuple(settings.node_os.kernels),
-                   architectures=tuple(settings.node_os.architectures), gpu_workers=gpu, rdma=rdma,
-                   precompiled=settings.drivers.precompiled)
+        gpu = gpu_plan.resolve(settings, release, cluster.nodes)
+        nodes: list[NodeTarget] = []
+        unknown: list[str] = []
+        for node in cluster.cluster_nodes:
+            rdma = bool(node.settings.nics)
+            resolved = gpu.nodes.get(node.name)
+            os_id = node.settings.os or (settings.node_os.id if settings.node_os else None)
+            if os_id is None:
+                if resolved is not None or rdma:
+                    unknown.append(node.name)
+                continue
+            key, _, tag = release.os_for(os_id)
+            kernels = (node.settings.kernel,) if node.settings.kernel else tuple(
+                settings.node_os.kernels if settings.node_os else ())
+            nodes.append(NodeTarget(key, tag, kernels, tuple(settings.node_os.architectures) if settings.node_os
+                                    else ("amd64",), resolved.driver if resolved else None, rdma,
+                                    settings.drivers.precompiled))
+        if unknown:
+            raise MirrorError(
+                f"{cluster.inventory}: the OS of {', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''} is not "
+                "known, so the GPU/DOCA driver images (tagged per OS and kernel at run time) cannot be listed",
+                hint="add gpuboot.node_os: {id: ubuntu-22.04, kernels: [<uname -r of the GPU nodes>]}, "
+                     "or gpuboot_node.os and .kernel per node")
+        return cls(tuple(dict.fromkeys(nodes)), gpu.operands())
 
 
 def _lookup(release: Release, dotted: str) -> str:
@@ -121,26 +152,25 @@ def _fill(template: str, release: Release, values: dict[str, str]) -> str:
 
 
 def _runtime_images(plan: Plan, release: Release, target: Target) -> None:
-    for os_id in target.os_ids:
-        os_pkgs = release.os[os_id]
-        conditions = {"gpu_driver_container": target.gpu_workers and os_pkgs.gpu_driver_container,
-                      "precompiled": target.precompiled, "rdma": target.rdma}
+    for node in target.nodes:
         for entry in release.runtime_images:
-            if not all(conditions[c] for c in entry.when):
+            if not all(node.holds(c) for c in entry.when):
                 continue
-            axes = {"kernel": target.kernels, "arch": target.architectures}
+            axes = {"kernel": node.kernels, "arch": node.architectures}
             for combo in itertools.product(*(axes[a] for a in entry.per)):
-                values = {"os_tag": os_pkgs.image_os_tag, **dict(zip(entry.per, combo, strict=True))}
+                values = {"os_tag": node.os_tag, **dict(zip(entry.per, combo, strict=True))}
                 text = _fill(entry.image, release, values)
                 detail = ", ".join(f"{k} {v}" for k, v in values.items())
                 plan.add_image(parse_image(text), entry.component, f"resolved at run time ({detail})")
-        if target.gpu_workers and not os_pkgs.gpu_driver_container:
-            plan.notes.append(f"{os_id} has no GPU Operator driver container: GPU workers need a "
-                              "host-installed driver (driver.enabled=false)")
+        if node.gpu_driver == "preinstalled":
+            note = (f"GPU workers on {node.os_key} use the driver installed on the host "
+                    "(nvidia.com/gpu.deploy.driver=false): the mirror holds no driver image for them")
+            if note not in plan.notes:
+                plan.notes.append(note)
 
 
 def _packages(plan: Plan, release: Release, target: Target) -> None:
-    for os_id in target.os_ids:
+    for os_id in target.os_keys:
         pkgs = release.os[os_id]
         kube = pkgs.kube_packages
         containerd = pkgs.containerd
@@ -152,20 +182,26 @@ def _packages(plan: Plan, release: Release, target: Target) -> None:
         for key, name in (("cri_tools", "cri-tools"), ("kubernetes_cni", "kubernetes-cni")):
             if key in extra:
                 plan.packages.append(PlannedPackage(os_id, name, str(extra[key]), "kubeadm dependency"))
-        if target.gpu_workers:
-            for kernel in target.kernels:
-                plan.packages.append(PlannedPackage(os_id, pkgs.kernel_headers.format(kernel=kernel), "",
-                                                    "GPU driver build (headers for the running kernel)"))
+        # The driver container builds its modules against the running kernel's headers.
+        kernels = dict.fromkeys(k for n in target.nodes if n.os_key == os_id and n.gpu_driver == "container"
+                                for k in n.kernels)
+        for kernel in kernels:
+            plan.packages.append(PlannedPackage(os_id, pkgs.kernel_headers.format(kernel=kernel), "",
+                                                "GPU driver build (headers for the running kernel)"))
 
 
 def build(release: Release, target: Target | None = None) -> Plan:
     """Expand the release for a target. Without one, only what every cluster needs."""
-    target = target or Target(os_ids=(), gpu_workers=False, rdma=False)
+    target = target or Target()
     plan = Plan(release.name)
     if not release.images:
         raise MirrorError(f"release {release.name} lists no images",
                           hint=f"add an images: section to mirror/releases/{release.name}.yml")
     for component, refs in release.images.items():
+        if isinstance(refs, dict):
+            # Keyed by operand: only those the cluster's values turn on.
+            wanted = target.gpu_operands if component == "gpu_operator" else None
+            refs = [ref for operand, ref in refs.items() if wanted is None or operand in wanted]
         for text in refs:
             plan.add_image(parse_image(text), component, "chart default" if component != "kubernetes"
                            else "kubeadm config images list")

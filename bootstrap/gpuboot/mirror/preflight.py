@@ -25,7 +25,8 @@ def check_mirror(cluster: Cluster, phases, releases_dir: Path | None = None) -> 
     mirror = cluster.settings.mirror
     # Only what the selected phases consume: node preparation alone needs no images.
     components = {c for p in phases for c in p.pulls_for(cluster)}
-    plan = build(matrix.load(cluster.settings.release, releases_dir), Target.of(cluster)).only(components)
+    release = matrix.load(cluster.settings.release, releases_dir)
+    plan = build(release, Target.of(cluster, release)).only(components)
     registry = Registry(f"https://{mirror.registry}", ca_file=_path(mirror.ca_file, cluster),
                         credentials=read_credentials(_path(mirror.credentials_file, cluster)))
     wants_images = bool(components)

@@ -13,7 +13,8 @@ description:
   - Returns the facts as C(gpuboot_hardware) and every mismatch with the inventory in C(problems).
 options:
   expect_gpu: {type: bool, default: false, description: The node is a GPU worker and must have NVIDIA GPUs.}
-  gpu: {type: dict, default: {}, description: "The node's gpuboot_node.gpu settings (count, mig_strategy, mig_profile)."}
+  gpu: {type: dict, default: {}, description: "The node's gpuboot_node.gpu settings (model, count, mig)."}
+  gpu_models: {type: dict, default: {}, description: "gpuboot's GPU table (mirror/gpus.yml): name -> product, pci_devices, architecture, mig."}
   nics: {type: list, elements: dict, default: [], description: "The node's gpuboot_node.nics."}
   kernel_module_type: {type: str, default: open, description: "The release's GPU driver kernel module type (open, proprietary, auto)."}
   sys_root: {type: path, default: /sys, description: Where sysfs is mounted (another root reads a captured tree).}
@@ -27,37 +28,8 @@ NVIDIA = "0x10de"
 MELLANOX = "0x15b3"
 SECURE_BOOT_VAR = "efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
-# MIG GPU instance profiles per memory size, as nvidia-smi and mig-parted name them.
-MIG_80GB = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
-MIG_40GB = ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
-MIG_94GB = ("1g.12gb", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb")
-MIG_141GB = ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb")
-MIG_180GB = ("1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb")
-MIG_A30 = ("1g.6gb", "2g.12gb", "4g.24gb")
-
-# PCI device id -> (product, architecture, MIG profiles or () when the GPU has no MIG).
-GPU_PRODUCTS = {
-    "0x2330": ("H100 SXM5 80GB", "hopper", MIG_80GB),
-    "0x2331": ("H100 PCIe 80GB", "hopper", MIG_80GB),
-    "0x2321": ("H100 NVL 94GB", "hopper", MIG_94GB),
-    "0x2335": ("H200 SXM 141GB", "hopper", MIG_141GB),
-    "0x233b": ("H200 NVL 141GB", "hopper", MIG_141GB),
-    "0x2901": ("B200 180GB", "blackwell", MIG_180GB),
-    "0x20b0": ("A100 SXM4 40GB", "ampere", MIG_40GB),
-    "0x20b2": ("A100 SXM4 80GB", "ampere", MIG_80GB),
-    "0x20b5": ("A100 PCIe 80GB", "ampere", MIG_80GB),
-    "0x20f1": ("A100 PCIe 40GB", "ampere", MIG_40GB),
-    "0x20b7": ("A30 24GB", "ampere", MIG_A30),
-    "0x26b5": ("L40 48GB", "ada", ()),
-    "0x26b9": ("L40S 48GB", "ada", ()),
-    "0x1db1": ("V100 SXM2 16GB", "volta", ()),
-    "0x1db5": ("V100 SXM2 32GB", "volta", ()),
-    "0x1db4": ("V100 PCIe 16GB", "volta", ()),
-}
 # The open kernel modules (and so GPUDirect over DMA-BUF) need Turing or newer.
 PRE_TURING = ("kepler", "maxwell", "pascal", "volta")
-# mig-parted's default configurations that exist for every MIG-capable GPU.
-MIG_GENERIC_CONFIGS = ("all-disabled", "all-enabled", "all-balanced")
 
 
 def read(root, *parts):
@@ -139,10 +111,11 @@ def secure_boot(sys_root):
     return "enabled" if len(data) >= 5 and data[4] == 1 else "disabled"
 
 
-def gpu_entry(device):
-    product, arch, mig = GPU_PRODUCTS.get(device["device_id"], (f"NVIDIA device {device['device_id']}", "unknown", None))
-    return {"pci_address": device["pci_address"], "device_id": device["device_id"], "product": product,
-            "architecture": arch, "mig_profiles": list(mig) if mig is not None else None,
+def gpu_entry(device, models):
+    name, model = next(((n, m) for n, m in models.items() if device["device_id"] in m["pci_devices"]),
+                       (None, {"product": f"NVIDIA device {device['device_id']}", "architecture": "unknown", "mig": None}))
+    return {"pci_address": device["pci_address"], "device_id": device["device_id"], "model": name,
+            "product": model["product"], "architecture": model["architecture"], "mig": model["mig"],
             "driver": device["driver"], "numa_node": device["numa_node"]}
 
 
@@ -163,7 +136,7 @@ def link_type(sys_root, interfaces):
     return "ib" if "32" in kinds else "eth" if "1" in kinds else None
 
 
-def discover(sys_root, proc_root, nics):
+def discover(sys_root, proc_root, nics, models):
     devices = list(pci_devices(sys_root))
     modules = loaded_modules(proc_root)
     nic_facts = []
@@ -178,7 +151,7 @@ def discover(sys_root, proc_root, nics):
                                   "link_type": link_type(sys_root, device["interfaces"])} if device else {})})
     return {
         # Display and 3D controllers only: NVSwitches (class 0x0680) and audio functions share the vendor.
-        "gpus": [gpu_entry(d) for d in devices if d["vendor"] == NVIDIA and d["class"].startswith("0x03")],
+        "gpus": [gpu_entry(d, models) for d in devices if d["vendor"] == NVIDIA and d["class"].startswith("0x03")],
         "nvswitches": sum(1 for d in devices if d["vendor"] == NVIDIA and d["class"].startswith("0x0680")),
         "connectx": [d["pci_address"] for d in devices if d["vendor"] == MELLANOX and d["class"].startswith("0x02")],
         "nouveau_loaded": "nouveau" in modules,
@@ -205,23 +178,20 @@ def gpu_problems(facts, gpu, kernel_module_type):
                         f"{', '.join(g['pci_address'] for g in gpus)}); a GPU may have fallen off the bus")
     if len({g["device_id"] for g in gpus}) > 1:
         problems.append(f"mixed GPU models on one node ({found}); one MIG/time-slicing setting cannot fit both")
-    strategy = gpu.get("mig_strategy") or "none"
-    profile = gpu.get("mig_profile")
+    declared = gpu.get("model")
+    if declared and any(g["model"] != declared for g in gpus):
+        problems.append(f"the inventory says {declared}, the node has {found} (PCI device "
+                        f"{', '.join(sorted({g['device_id'] for g in gpus}))}); fix gpu.model or check the node")
+    mig = gpu.get("mig") or {}
+    wants_mig = bool(mig.get("devices") and any(d.get("instances") for d in mig["devices"])
+                     or mig.get("layout") not in (None, "all-disabled"))
     for product in sorted({g["product"] for g in gpus}):
         sample = next(g for g in gpus if g["product"] == product)
-        if strategy != "none" and sample["mig_profiles"] == []:
-            problems.append(f"mig_strategy {strategy} is set but {product} has no MIG; set mig_strategy: none "
+        if wants_mig and sample["mig"] is False:
+            problems.append(f"a MIG layout is set but {product} has no MIG; remove gpu.mig "
                             "(use time_slicing_replicas to share it)")
-        elif strategy != "none" and sample["mig_profiles"] is None:
+        elif wants_mig and sample["mig"] is None:
             warnings.append(f"{product} is not in gpuboot's GPU table; MIG support was not checked")
-        elif profile and sample["mig_profiles"] and profile not in MIG_GENERIC_CONFIGS:
-            wanted = profile[len("all-"):] if profile.startswith("all-") else None
-            if wanted is None:
-                warnings.append(f"mig_profile {profile} is not a default mig-parted configuration; it must exist in the "
-                                "MIG manager's ConfigMap")
-            elif wanted not in sample["mig_profiles"]:
-                problems.append(f"mig_profile {profile} does not exist on {product}; its profiles are "
-                                f"{', '.join('all-' + p for p in sample['mig_profiles'])} (or all-balanced)")
         if kernel_module_type == "open" and sample["architecture"] in PRE_TURING:
             problems.append(f"{product} ({sample['architecture']}) cannot run the open kernel modules this release "
                             "uses; they need Turing or newer")
@@ -281,13 +251,14 @@ def main():
     module = AnsibleModule(argument_spec={
         "expect_gpu": {"type": "bool", "default": False},
         "gpu": {"type": "dict", "default": {}},
+        "gpu_models": {"type": "dict", "default": {}},
         "nics": {"type": "list", "elements": "dict", "default": []},
         "kernel_module_type": {"type": "str", "default": "open", "choices": ["open", "proprietary", "auto"]},
         "sys_root": {"type": "path", "default": "/sys"},
         "proc_root": {"type": "path", "default": "/proc"},
     }, supports_check_mode=True)
     params = module.params
-    facts = discover(params["sys_root"], params["proc_root"], params["nics"])
+    facts = discover(params["sys_root"], params["proc_root"], params["nics"], params["gpu_models"])
     problems, warnings = evaluate(facts, params["expect_gpu"], params["gpu"], params["nics"],
                                   params["kernel_module_type"])
     for warning in warnings:

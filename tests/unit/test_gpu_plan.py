@@ -1,0 +1,130 @@
+"""What each GPU node gets from the GPU Operator: layouts, profiles, labels and the
+resources it must advertise, resolved from inventories written per node and per group."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpuboot import gpus
+from gpuboot.config.loader import load_cluster
+from gpuboot.errors import InventoryError
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "inventories" / "sample" / "inventory.yml"
+
+SETTINGS = """\
+gpuboot:
+  cluster_name: lab
+  release: k8s-1.35
+  control_plane: {vip: 10.0.0.100}
+  node_os: {id: ubuntu-22.04, kernels: [5.15.0-1048-nvidia]}
+  drivers: {precompiled: true}
+"""
+
+
+def inventory(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return tmp_path / "hosts.ini"
+
+
+def test_sample_resolves_mixed_mig_and_time_slicing():
+    plan = load_cluster(SAMPLE).gpu_plan
+    mig, shared = plan.nodes["gpu01"], plan.nodes["gpu02"]
+    assert mig.resources("mixed") == {"nvidia.com/mig-1g.18gb": 28, "nvidia.com/gpu": 4}
+    assert shared.resources("mixed") == {"nvidia.com/gpu": 32}
+    assert mig.labels(False)["nvidia.com/mig.config"].startswith("gpuboot-")
+    assert shared.labels(False) == {"nvidia.com/device-plugin.config": "time-sliced-4",
+                                    "nvidia.com/mig.config": "all-disabled"}
+    entries = plan.mig_configs[mig.mig_config]
+    assert entries == [
+        {"devices": [0, 1, 2, 3], "device-filter": ["0x233510DE"], "mig-enabled": True, "mig-devices": {"1g.18gb": 7}},
+        {"devices": [4, 5, 6, 7], "device-filter": ["0x233510DE"], "mig-enabled": False}]
+    assert plan.device_plugin_configs()["time-sliced-4"]["sharing"]["timeSlicing"]["resources"] == [
+        {"name": "nvidia.com/gpu", "replicas": 4}]
+    assert plan.driver_kinds == ["precompiled"] and not plan.mixed_drivers
+
+
+def test_group_vars_layouts_single_strategy_and_mixed_driver_kinds(tmp_path):
+    path = inventory(tmp_path, {
+        "hosts.ini": """\
+            [control_plane]
+            cp1 ansible_host=10.0.0.11
+            [a100]
+            a100-[01:02]
+            [dgx]
+            dgx01 ansible_host=10.0.1.40
+            [gpu_workers:children]
+            a100
+            dgx
+            [workers:children]
+            gpu_workers
+            """,
+        "group_vars/all.yml": SETTINGS + "  gpu_operator:\n    mig_strategy: single\n",
+        "group_vars/a100.yml": """\
+            gpuboot_node:
+              kernel: 5.15.0-127-generic
+              gpu: {model: A100-SXM4-40GB, count: 8, driver: container, mig: {layout: all-3g.20gb}}
+            """,
+        "host_vars/dgx01.yml": """\
+            gpuboot_node:
+              gpu: {model: H100-SXM5-80GB, count: 8, driver: preinstalled}
+            """})
+    cluster = load_cluster(path)
+    plan = cluster.gpu_plan
+    a100 = plan.nodes["a100-01"]
+    # single: every MIG device is an nvidia.com/gpu; 2 x 3g.20gb per GPU.
+    assert a100.resources("single") == {"nvidia.com/gpu": 16}
+    assert a100.mig_config == "all-3g.20gb"
+    assert plan.mig_configs["all-3g.20gb"] == [
+        {"devices": "all", "device-filter": ["0x20b010DE"], "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}]
+    assert plan.nodes["dgx01"].labels(plan.mixed_drivers)["nvidia.com/gpu.deploy.driver"] == "false"
+    # container on the A100s, precompiled is the cluster default but nobody else uses it.
+    assert plan.driver_kinds == ["container"]
+    assert plan.device_plugin_configs()["default"]["flags"] == {"migStrategy": "single"}
+
+
+def test_mixed_driver_kinds_label_each_node_with_its_kind(tmp_path):
+    path = inventory(tmp_path, {
+        "hosts.ini": "[control_plane]\ncp1 ansible_host=10.0.0.11\n[gpu_workers]\ng1 ansible_host=10.0.1.1\n"
+                     "g2 ansible_host=10.0.1.2\n[workers:children]\ngpu_workers\n",
+        "group_vars/all.yml": SETTINGS,
+        "host_vars/g2.yml": "gpuboot_node: {gpu: {driver: container}}\n"})
+    plan = load_cluster(path).gpu_plan
+    assert plan.mixed_drivers and plan.driver_kinds == ["container", "precompiled"]
+    assert plan.nodes["g1"].labels(True)["gpuboot.io/gpu-driver"] == "precompiled"
+    assert plan.nodes["g2"].labels(True)["gpuboot.io/gpu-driver"] == "container"
+
+
+@pytest.mark.parametrize("gpu, message, path", [
+    ("{model: L40S-48GB, mig: {layout: all-balanced}}", "L40S-48GB has no MIG", "gpu.mig"),
+    ("{model: A30-24GB, mig: {devices: [{gpus: all, instances: {2g.12gb: 2, 1g.6gb: 1}}]}}",
+     "needs 5 compute and 5 memory slices; one GPU has 4 and 4", "gpu.mig.devices.0.instances"),
+    ("{model: H100-SXM5-80GB, count: 2, mig: {devices: [{gpus: [0], instances: {1g.10gb: 7}}]}}",
+     "GPU 1 of 2 is in no entry", "gpu.mig.devices"),
+    ("{model: H100-SXM5-80GB, mig: {devices: [{gpus: [0, 1]}, {gpus: [1], instances: {7g.80gb: 1}}]}}",
+     "GPU 1 is also in entry 0", "gpu.mig.devices.1.gpus"),
+    ("{model: H100-SXM5-80GB, mig: {layout: research}}", "MIG layout research does not exist", "gpu.mig.layout"),
+])
+def test_impossible_gpu_settings_on_a_group_are_located(tmp_path, gpu, message, path):
+    inv = inventory(tmp_path, {
+        "hosts.ini": "[control_plane]\ncp1 ansible_host=10.0.0.11\n[gpu_workers]\ng[1:2]\n[workers:children]\ngpu_workers\n",
+        "group_vars/all.yml": SETTINGS,
+        "group_vars/gpu_workers.yml": f"# GPU floor\ngpuboot_node:\n  gpu: {gpu}\n"})
+    with pytest.raises(InventoryError) as info:
+        load_cluster(inv)
+    found = [p for p in info.value.problems if message in p.message]
+    assert {p.path for p in found} == {f"g1.gpuboot_node.{path}", f"g2.gpuboot_node.{path}"}, info.value
+    assert all(p.file.endswith("gpu_workers.yml") and p.line == 3 and p.fix for p in found)
+
+
+def test_every_mig_model_has_a_balanced_layout_that_fits():
+    for model in gpus.catalog().values():
+        if model.mig is not None:
+            assert model.mig.misfit(model.mig.balanced) is None, model.name
+            for profile in model.mig.profiles.values():
+                assert model.mig.misfit({profile.name: profile.most}) is None, (model.name, profile.name)
