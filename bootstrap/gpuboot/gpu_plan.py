@@ -101,7 +101,8 @@ class GpuPlan:
         images); none without GPU workers."""
         if not self.nodes:
             return ()
-        found = ["operator", "validator", "toolkit", "devicePlugin", "dcgmExporter", "nfd", "smokeTest"]
+        # smokeTest (validate's nvidia-smi Job) joins when that Job is built.
+        found = ["operator", "validator", "toolkit", "devicePlugin", "dcgmExporter", "nfd"]
         if self.driver_kinds:
             found.append("driverManager")
         # The MIG manager runs only on MIG-capable GPUs; an undeclared model may be one.
@@ -131,6 +132,7 @@ class GpuPlan:
         """The resolution as Ansible reads it (extra variable gpuboot_gpu)."""
         return {
             "mig_strategy": self.strategy,
+            "operands": list(self.operands()),
             "driver_kinds": self.driver_kinds,
             "mixed_drivers": self.mixed_drivers,
             "mig": bool(self.mig_configs.keys() - {MIG_DISABLED}),

@@ -160,6 +160,18 @@ def addresses(settings: GpubootSettings, nodes: list[Node], where: Where) -> lis
         problems.append(Problem(where.file, line_pod, "gpuboot.networking",
                                 f"pod_cidr {net.pod_cidr} overlaps service_cidr {net.service_cidr}",
                                 "choose networks that do not overlap, e.g. 10.244.0.0/16 and 10.96.0.0/12"))
+    pool = net.calico.ip_pool_cidr
+    if pool is not None and not pool.subnet_of(net.pod_cidr):
+        # The operator stalls on a pool outside kubeadm's podSubnet (tigera/operator#2712).
+        problems.append(Problem(where.file, where.child("networking", "calico", "ip_pool_cidr").line,
+                                "gpuboot.networking.calico.ip_pool_cidr",
+                                f"the Calico IP pool {pool} is not inside pod_cidr {net.pod_cidr} (kubeadm's podSubnet)",
+                                f"leave ip_pool_cidr out (the pool is then {net.pod_cidr}) or choose a part of it"))
+    if pool is not None and pool.prefixlen > net.calico.block_size:
+        problems.append(Problem(where.file, where.child("networking", "calico", "ip_pool_cidr").line,
+                                "gpuboot.networking.calico.ip_pool_cidr",
+                                f"the Calico IP pool {pool} is smaller than one block (/{net.calico.block_size})",
+                                "choose a larger pool or a smaller block_size"))
     for field, cidr in (("pod_cidr", net.pod_cidr), ("service_cidr", net.service_cidr)):
         if vip in cidr:
             problems.append(Problem(where.file, where.child("control_plane", "vip").line,

@@ -60,6 +60,17 @@ class ControlPlaneEndpoint(Strict):
         return data
 
 
+class Calico(Strict):
+    # VXLANCrossSubnet: no encapsulation between nodes of one subnet, VXLAN across subnets.
+    encapsulation: Literal["VXLANCrossSubnet", "VXLAN", "IPIPCrossSubnet", "IPIP", "None"] = "VXLANCrossSubnet"
+    # The pods' MTU; 0 lets Calico detect it from the node's interface.
+    mtu: int = Field(0, ge=0, le=9000)
+    block_size: int = Field(26, ge=20, le=32)
+    # The IP pool; kubeadm's podSubnet (networking.pod_cidr) unless it is a part of it.
+    ip_pool_cidr: IPv4Network | None = None
+    bgp: bool = False
+
+
 class Networking(Strict):
     pod_cidr: IPv4Network = IPv4Network("10.244.0.0/16")
     service_cidr: IPv4Network = IPv4Network("10.96.0.0/12")
@@ -67,6 +78,7 @@ class Networking(Strict):
     # calico: production (tigera-operator). bridge: the CNI reference plugins with a route per
     # node, for clusters on one L2 segment without network policy (the lab).
     cni: Literal["calico", "bridge"] = "calico"
+    calico: Calico = Calico()
 
     @field_validator("pod_cidr", "service_cidr", mode="before")
     @classmethod
