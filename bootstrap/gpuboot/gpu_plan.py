@@ -219,22 +219,25 @@ class _Resolver:
         if asked is None:
             if not has_container:
                 return "preinstalled"
-            return "precompiled" if self.settings.drivers.precompiled else "container"
-        if asked != "preinstalled" and not has_container:
-            self.misfit(node, ("gpu", "driver"), f"the GPU Operator has no driver container for {os_tag}",
+            kind = "precompiled" if self.settings.drivers.precompiled else "container"
+        else:
+            kind = asked
+        where = ("gpu", "driver") if asked else ("kernel",)
+        if kind != "preinstalled" and not has_container:
+            self.misfit(node, where, f"the GPU Operator has no driver container for {os_tag}",
                         "install the driver on the host and set gpu.driver: preinstalled")
-        if asked == "precompiled" and os_tag is not None:
+        if kind == "precompiled" and os_tag is not None:
             published = self.release.precompiled_kernels(os_tag)
             if not kernels:
-                self.misfit(node, ("gpu", "driver"), "precompiled drivers are built per kernel, and this node's "
-                            "kernel is not known", "set gpuboot_node.kernel to what `uname -r` prints on the node")
+                self.misfit(node, where, "precompiled drivers are built per kernel, and this node's kernel is not known",
+                            "set gpuboot_node.kernel (or gpuboot.node_os.kernels) to what `uname -r` prints on the node")
             for kernel in kernels:
                 if kernel not in published:
-                    self.misfit(node, ("kernel",) if node.settings.kernel else ("gpu", "driver"),
+                    self.misfit(node, ("kernel",) if node.settings.kernel else where,
                                 f"no precompiled driver {self.release.name} knows is published for kernel {kernel} "
                                 f"on {os_tag} (known: {', '.join(published) or 'none'})",
                                 "run one of those kernels, or use gpu.driver: container (built on the node)")
-        return asked
+        return kind
 
     def layout(self, node: Node, model: gpus.GpuModel | None) -> tuple:
         """The node's MIG layout as (gpus, ((profile, count), ...)) per device entry."""

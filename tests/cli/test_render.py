@@ -43,7 +43,7 @@ def test_render_sample_matches_golden(tmp_path, capsys):
 def test_render_unknown_or_unrenderable_phase(tmp_path, capsys):
     assert run(["render", str(SAMPLE), "--phase", "nope", "--out", str(tmp_path)]) == 2
     assert "no such phase" in capsys.readouterr().err
-    assert run(["render", str(SAMPLE), "--phase", "cni", "--out", str(tmp_path)]) == 2
+    assert run(["render", str(SAMPLE), "--phase", "validate", "--out", str(tmp_path)]) == 2
     assert "nothing to render yet" in capsys.readouterr().err
 
 

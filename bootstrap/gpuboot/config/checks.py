@@ -224,7 +224,7 @@ def references(settings: GpubootSettings, nodes: list[Node], where: Where, inven
 
 
 def node_os(settings: GpubootSettings, release, where: Where) -> list[Problem]:
-    """The declared node OS must be one the release supports; precompiled drivers need kernels."""
+    """The declared node OS must be one the release supports, its kernels real and new enough."""
     declared = settings.node_os
     if declared is None:
         return []
@@ -247,11 +247,6 @@ def node_os(settings: GpubootSettings, release, where: Where) -> list[Problem]:
                                     f"kernel {kernel} is older than {min_kernel}, the oldest release {release.name} "
                                     "supports (GPUDirect over DMA-BUF needs it)",
                                     f"upgrade the nodes to a kernel {min_kernel} or newer and list that one"))
-    if settings.drivers.precompiled and not declared.kernels:
-        problems.append(Problem(where.file, where.child("drivers", "precompiled").line,
-                                "gpuboot.drivers.precompiled",
-                                "precompiled drivers are built per kernel, but node_os.kernels is empty",
-                                "list the nodes' kernels (uname -r) under gpuboot.node_os.kernels"))
     return problems
 
 

@@ -1,0 +1,168 @@
+"""The GPU stack's configuration per feature: golden renders of what gpuboot applies for the
+GPU Operator and Calico (tests/golden/gpu/<case>), the values checked against the chart
+double's strict contract, and the mirror plan equal to the images the operator deploys
+from those values on those nodes (tests/doubles/gpu_operator, a double of the operator's
+image choice). GPUBOOT_UPDATE_GOLDEN=1 rewrites the golden copies after a reviewed change."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuboot import matrix
+from gpuboot.cli.main import run
+from gpuboot.config.loader import load_cluster
+from gpuboot.mirror.plan import Target, build
+from tests.doubles.gpu_operator.chart import check_values, deployed_images
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = sorted(p.name for p in (ROOT / "tests" / "corpus" / "gpu").iterdir() if p.is_dir())
+GOLDEN = ROOT / "tests" / "golden" / "gpu"
+ADDONS = Path("etc/gpuboot/addons")
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """Each case rendered once: (inventory, the first control plane's addons directory)."""
+    out = {}
+    for case in CASES:
+        inventory = ROOT / "tests" / "corpus" / "gpu" / case / "inventory.yml"
+        target = tmp_path_factory.mktemp(case)
+        assert run(["render", str(inventory), "--out", str(target)]) == 0
+        out[case] = (inventory, target / "cp1" / ADDONS)
+    return out
+
+
+def load(addons: Path, name: str):
+    return yaml.safe_load((addons / name).read_text())
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_render_matches_golden(rendered, case):
+    _, addons = rendered[case]
+    golden = GOLDEN / case
+    if os.environ.get("GPUBOOT_UPDATE_GOLDEN"):
+        shutil.rmtree(golden, ignore_errors=True)
+        shutil.copytree(addons, golden)
+    got, want = tree(addons), tree(golden)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], f"{case}/{name} differs from the golden copy"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_values_fit_the_chart_and_the_plan_lists_exactly_what_is_deployed(rendered, case):
+    inventory, addons = rendered[case]
+    values = load(addons, "gpu-operator/values.yaml")
+    check_values(values)
+    labels = load(addons, "gpu-operator/node-labels.yaml")
+    drivers_file = addons / "gpu-operator" / "nvidia-drivers.yaml"
+    drivers = [d for d in yaml.safe_load_all(drivers_file.read_text()) if d] if drivers_file.exists() else []
+    cluster = load_cluster(inventory)
+    release = matrix.load(cluster.settings.release)
+    # What each node would report through NFD: the OS and kernel the inventory says it runs.
+    nodes = {}
+    for node in cluster.in_group("gpu_workers"):
+        os_id = node.settings.os or cluster.settings.node_os.id
+        nodes[node.name] = {"os_tag": release.os_for(os_id)[2], "kernel": node.settings.kernel}
+    deployed = deployed_images(values, labels, drivers, nodes)
+    planned = {str(i.ref) for i in build(release, Target.of(cluster, release)).only({"gpu_operator"}).images}
+    assert planned == deployed, (f"planned but not deployed: {sorted(planned - deployed)}; "
+                                 f"deployed but not planned: {sorted(deployed - planned)}")
+
+
+def test_open_modules_and_dma_buf_never_peermem(rendered):
+    for case in CASES:
+        text = (rendered[case][1] / "gpu-operator" / "values.yaml").read_text()
+        values = yaml.safe_load(text)
+        assert "useOpenKernelModules" not in text, case
+        assert not (values["driver"].get("rdma") or {}).get("enabled"), case
+        if values["driver"]["enabled"]:
+            assert values["driver"]["kernelModuleType"] == "open", case
+        # The toolkit writes a drop-in that containerd's config.toml imports, never config.toml.
+        env = {e["name"]: e["value"] for e in values["toolkit"]["env"]}
+        assert env["CONTAINERD_CONFIG"] == "/etc/containerd/conf.d/99-nvidia.toml", case
+
+
+def test_time_slicing_profiles_per_node_group(rendered):
+    addons = rendered["time_slicing"][1]
+    profiles = yaml.safe_load(load(addons, "gpu-operator/device-plugin-config.yaml")["data"]["time-sliced-8"])
+    assert profiles["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 8}]
+    labels = load(addons, "gpu-operator/node-labels.yaml")
+    assert {n: lb["nvidia.com/device-plugin.config"] for n, lb in labels.items()} == {
+        "l40s-01": "time-sliced-4", "l40s-02": "time-sliced-4", "l40s-03": "time-sliced-8"}
+    # L40S has no MIG: no layout label, no MIG manager config.
+    assert not any("nvidia.com/mig.config" in lb for lb in labels.values())
+    assert not (addons / "gpu-operator" / "mig-parted-config.yaml").exists()
+    cluster = load_cluster(rendered["time_slicing"][0])
+    assert cluster.gpu_plan.nodes["l40s-03"].resources("mixed") == {"nvidia.com/gpu": 32}
+
+
+def test_mig_mixed_layouts(rendered):
+    addons = rendered["mig_mixed"][1]
+    values = load(addons, "gpu-operator/values.yaml")
+    assert values["mig"]["strategy"] == "mixed" and values["migManager"]["config"]["name"] == "gpuboot-mig-parted-config"
+    configs = yaml.safe_load(load(addons, "gpu-operator/mig-parted-config.yaml")["data"]["config.yaml"])["mig-configs"]
+    # all-balanced differs per model: one entry per model, each filtered to its PCI id.
+    assert configs["all-balanced"] == [
+        {"devices": "all", "device-filter": ["0x233010DE"], "mig-enabled": True,
+         "mig-devices": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}},
+        {"devices": "all", "device-filter": ["0x20b010DE"], "mig-enabled": True,
+         "mig-devices": {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}}]
+    assert configs["inference"][1]["mig-devices"] == {"1g.10gb": 7}
+    plan = load_cluster(rendered["mig_mixed"][0]).gpu_plan
+    assert plan.nodes["h100-01"].resources("mixed") == {
+        "nvidia.com/mig-1g.10gb": 14, "nvidia.com/mig-2g.20gb": 4, "nvidia.com/mig-3g.40gb": 2, "nvidia.com/gpu": 4}
+    assert plan.nodes["h100-02"].resources("mixed") == {"nvidia.com/mig-3g.40gb": 8, "nvidia.com/mig-1g.10gb": 28}
+
+
+def test_precompiled_images_per_node_kernel(rendered):
+    inventory, addons = rendered["precompiled_per_kernel"]
+    values = load(addons, "gpu-operator/values.yaml")
+    assert values["driver"]["usePrecompiled"] is True and values["driver"]["version"] == "570"
+    cluster = load_cluster(inventory)
+    release = matrix.load(cluster.settings.release)
+    drivers = sorted(str(i.ref) for i in build(release, Target.of(cluster, release)).images if "/driver:" in str(i.ref))
+    assert drivers == ["nvcr.io/nvidia/driver:570-5.15.0-1032-nvidia-ubuntu22.04",
+                       "nvcr.io/nvidia/driver:570-5.15.0-1048-nvidia-ubuntu22.04",
+                       "nvcr.io/nvidia/driver:570-6.8.0-1013-nvidia-ubuntu24.04"]
+
+
+def test_preinstalled_drivers_deploy_none(rendered):
+    addons = rendered["preinstalled"][1]
+    assert load(addons, "gpu-operator/values.yaml")["driver"] == {"enabled": False}
+    labels = load(addons, "gpu-operator/node-labels.yaml")
+    assert all(lb["nvidia.com/gpu.deploy.driver"] == "false" for lb in labels.values())
+
+
+def test_mixed_driver_kinds_get_one_nvidiadriver_each(rendered):
+    addons = rendered["mixed_drivers"][1]
+    values = load(addons, "gpu-operator/values.yaml")
+    assert values["driver"]["nvidiaDriverCRD"] == {"enabled": True, "deployDefaultCR": False}
+    drivers = [d for d in yaml.safe_load_all((addons / "gpu-operator" / "nvidia-drivers.yaml").read_text()) if d]
+    assert [(d["metadata"]["name"], d["spec"]["usePrecompiled"], d["spec"]["version"]) for d in drivers] == [
+        ("gpuboot-container", False, "570.158.01"), ("gpuboot-precompiled", True, "570")]
+    labels = load(addons, "gpu-operator/node-labels.yaml")
+    assert labels["h100-02"]["gpuboot.io/gpu-driver"] == "container"
+    assert labels["dgx-01"] == {"nvidia.com/device-plugin.config": "default", "nvidia.com/gpu.deploy.driver": "false",
+                                "nvidia.com/mig.config": "all-disabled"}
+
+
+def test_calico_installation_from_the_inventory(rendered):
+    values = load(rendered["rdma_present"][1], "calico/values.yaml")
+    network = values["installation"]["calicoNetwork"]
+    assert network["ipPools"][0]["cidr"] == "10.244.0.0/16"
+    assert network["nodeAddressAutodetectionV4"] == {"kubernetes": "NodeInternalIP"}
+    # Registry and path set in full, from the matrix's images (a partial override pulls upstream).
+    release = matrix.load("k8s-1.35")
+    node_image = next(i for i in release.images["calico"] if "/node:" in i)
+    assert node_image.startswith(values["installation"]["registry"] + values["installation"]["imagePath"] + "/")
+    operator = values["tigeraOperator"]
+    assert f"{operator['registry']}/{operator['image']}:{operator['version']}" in release.images["calico"]
