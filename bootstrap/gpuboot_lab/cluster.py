@@ -319,7 +319,7 @@ def write_inventory(spec: LabSpec, state: LabState, path: Path, key: Path, known
             "workers": {"hosts": groups["workers"] or None,
                         "children": {"gpu_workers": {"hosts": {
                             # Lab-only: these "GPU" workers have no GPU, so preflight must not ask for one.
-                            name: {**vars_, "gpuboot_node": {"gpu": {"mig_strategy": "none"}},
+                            name: {**vars_, "gpuboot_node": {"gpu": {}},
                                    "preflight_expect_gpu": False}
                             for name, vars_ in groups["gpu_workers"].items()} or None}}},
         },

@@ -34,7 +34,7 @@ def heavy_node(i: int) -> dict:
               "resource_name": f"nvidia.com/rail{j}", "rdma": True, "device_type": "netdevice"} for j in range(8)]
     return {"ansible_host": address(i), "ansible_user": "ops", "ansible_port": 22,
             "bmc_address": f"10.250.{(i // 250) % 250}.{i % 250 + 1}", "rack": f"r{i // 32:03d}",
-            "serial": f"HGX-{i:08d}", "gpuboot_node": {"gpu": {"count": 8, "mig_strategy": "none"}, "nics": rails}}
+            "serial": f"HGX-{i:08d}", "gpuboot_node": {"gpu": {"count": 8, "model": "H200-SXM-141GB"}, "nics": rails}}
 
 
 def address(i: int) -> str:
