@@ -122,6 +122,27 @@ def lab_vm_down(app: App, name: str) -> None:
     app.console.print(f"removed {len(removed)} VM(s)")
 
 
+@lab.group("helm")
+def lab_helm() -> None:
+    """A real helm for the control machine, built from its Go module (cached)."""
+
+
+@lab_helm.command("build")
+@pass_app
+def lab_helm_build(app: App) -> None:
+    """Build helm (once; later calls find it)."""
+    from gpuboot_lab.helm import HelmBuild
+    app.console.print(f"[green]helm[/]: {HelmBuild(log=lambda msg: app.console.print(msg)).build()}")
+
+
+@lab_helm.command("path")
+@pass_app
+def lab_helm_path(app: App) -> None:
+    """Print the built helm's path."""
+    from gpuboot_lab.helm import HelmBuild
+    click.echo(str(HelmBuild().path()))
+
+
 @lab.group("kubernetes")
 def lab_kubernetes() -> None:
     """Real Kubernetes binaries built from Go modules (cached by version and recipe)."""

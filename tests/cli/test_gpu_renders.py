@@ -44,6 +44,14 @@ def load(addons: Path, name: str):
     return yaml.safe_load((addons / name).read_text())
 
 
+def node_labels(addons: Path) -> dict[str, dict]:
+    """node name -> the labels gpuboot applies (node-labels.yaml: Node objects, applied server-side)."""
+    nodes = [d for d in yaml.safe_load_all((addons / "gpu-operator" / "node-labels.yaml").read_text()) if d]
+    assert all(d["apiVersion"] == "v1" and d["kind"] == "Node" and set(d["metadata"]) == {"name", "labels"}
+               for d in nodes), nodes
+    return {d["metadata"]["name"]: d["metadata"]["labels"] for d in nodes}
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_render_matches_golden(rendered, case):
     _, addons = rendered[case]
@@ -62,7 +70,7 @@ def test_values_fit_the_chart_and_the_plan_lists_exactly_what_is_deployed(render
     inventory, addons = rendered[case]
     values = load(addons, "gpu-operator/values.yaml")
     check_values(values)
-    labels = load(addons, "gpu-operator/node-labels.yaml")
+    labels = node_labels(addons)
     drivers_file = addons / "gpu-operator" / "nvidia-drivers.yaml"
     drivers = [d for d in yaml.safe_load_all(drivers_file.read_text()) if d] if drivers_file.exists() else []
     cluster = load_cluster(inventory)
@@ -95,7 +103,7 @@ def test_time_slicing_profiles_per_node_group(rendered):
     addons = rendered["time_slicing"][1]
     profiles = yaml.safe_load(load(addons, "gpu-operator/device-plugin-config.yaml")["data"]["time-sliced-8"])
     assert profiles["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 8}]
-    labels = load(addons, "gpu-operator/node-labels.yaml")
+    labels = node_labels(addons)
     assert {n: lb["nvidia.com/device-plugin.config"] for n, lb in labels.items()} == {
         "l40s-01": "time-sliced-4", "l40s-02": "time-sliced-4", "l40s-03": "time-sliced-8"}
     # L40S has no MIG: no layout label, no MIG manager config.
@@ -138,7 +146,7 @@ def test_precompiled_images_per_node_kernel(rendered):
 def test_preinstalled_drivers_deploy_none(rendered):
     addons = rendered["preinstalled"][1]
     assert load(addons, "gpu-operator/values.yaml")["driver"] == {"enabled": False}
-    labels = load(addons, "gpu-operator/node-labels.yaml")
+    labels = node_labels(addons)
     assert all(lb["nvidia.com/gpu.deploy.driver"] == "false" for lb in labels.values())
 
 
@@ -149,7 +157,7 @@ def test_mixed_driver_kinds_get_one_nvidiadriver_each(rendered):
     drivers = [d for d in yaml.safe_load_all((addons / "gpu-operator" / "nvidia-drivers.yaml").read_text()) if d]
     assert [(d["metadata"]["name"], d["spec"]["usePrecompiled"], d["spec"]["version"]) for d in drivers] == [
         ("gpuboot-container", False, "570.158.01"), ("gpuboot-precompiled", True, "570")]
-    labels = load(addons, "gpu-operator/node-labels.yaml")
+    labels = node_labels(addons)
     assert labels["h100-02"]["gpuboot.io/gpu-driver"] == "container"
     assert labels["dgx-01"] == {"nvidia.com/device-plugin.config": "default", "nvidia.com/gpu.deploy.driver": "false",
                                 "nvidia.com/mig.config": "all-disabled"}

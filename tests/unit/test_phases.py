@@ -41,9 +41,12 @@ def test_phases_say_when_they_are_not_built_for_the_settings():
     by = {p.name: p for p in UP}
     cluster = load_cluster(ROOT / "inventories" / "sample" / "inventory.yml")
     settings = cluster.settings
-    assert by["cni"].stops_because(settings) == "calico is not built yet"
+    # Calico and the GPU Operator are built; what each leaves on the hosts follows the CNI.
+    assert by["cni"].stops_because(settings) is None and by["gpu_operator"].stops_because(settings) is None
     bridge = settings.model_copy(update={"networking": settings.networking.model_copy(update={"cni": "bridge"})})
     assert by["cni"].stops_because(bridge) is None
+    assert by["cni"].result_for(settings).present == ("/etc/cni/net.d/10-calico.conflist",)
+    assert "gpuboot-pod-routes" in by["cni"].result_for(bridge).services
     kube_vip = settings.model_copy(update={"control_plane": settings.control_plane.model_copy(update={"mode": "kube_vip"})})
     assert by["ha_endpoint"].stops_because(kube_vip) == "kube_vip is not built yet"
     assert by["ha_endpoint"].stops_because(settings) is None

@@ -102,6 +102,13 @@ class Ssh(Strict):
     host_key_checking: bool = True
 
 
+class Tools(Strict):
+    """Programs gpuboot runs on the control machine (never on a node)."""
+
+    # Renders the add-ons' charts (`helm template`, as Argo CD does): a command on PATH or a path.
+    helm: Annotated[str, Field(min_length=1)] = "helm"
+
+
 class Mirror(Strict):
     air_gapped: bool = False
     registry: Annotated[str, Field(pattern=HOST_PORT)] | None = None
@@ -202,6 +209,7 @@ class GpubootSettings(Strict):
     networking: Networking = Networking()
     ssh: Ssh = Ssh()
     mirror: Mirror = Mirror()
+    tools: Tools = Tools()
     node_os: NodeOs | None = None
     drivers: Drivers = Drivers()
     gpu_operator: GpuOperator = GpuOperator()

@@ -172,17 +172,7 @@ class Puller:
             artifact = self._image(source)
             artifact.kind, artifact.ref, artifact.repository = "chart", str(chart), chart.mirror_repository
             return artifact
-        archive = self._helm_repo_archive(chart)
-        meta = _chart_metadata(archive, chart)
-        config = self.bundle.store(json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
-        layer = self.bundle.store(archive)
-        body = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                           "config": {"mediaType": HELM_CONFIG, **config},
-                           "layers": [{"mediaType": HELM_CONTENT, **layer}]},
-                          sort_keys=True, separators=(",", ":")).encode()
-        manifest = Manifest(body, OCI_MANIFEST, sha256_digest(body))
-        return Artifact("chart", str(chart), chart.mirror_repository, tag, manifest.digest, OCI_MANIFEST,
-                        [self._store_manifest(manifest)], [config, layer])
+        return chart_artifact(self.bundle, chart, self._helm_repo_archive(chart))
 
     def _helm_repo_archive(self, chart: PlannedChart) -> bytes:
         base = self.sources.url(chart.repository).rstrip("/")
@@ -200,6 +190,21 @@ class Puller:
         if chart.digest and sha256_digest(archive) != chart.digest:
             raise MirrorError(f"chart {chart}: the archive does not match the digest pinned in the release")
         return archive
+
+
+def chart_artifact(bundle: Bundle, chart: PlannedChart, archive: bytes) -> Artifact:
+    """A chart archive (.tgz) stored as Helm stores it in a registry: an OCI manifest whose
+    config is Chart.yaml as JSON and whose one layer is the archive."""
+    meta = _chart_metadata(archive, chart)
+    config = bundle.store(json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
+    layer = bundle.store(archive)
+    body = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                       "config": {"mediaType": HELM_CONFIG, **config},
+                       "layers": [{"mediaType": HELM_CONTENT, **layer}]},
+                      sort_keys=True, separators=(",", ":")).encode()
+    manifest = {**bundle.store(body), "media_type": OCI_MANIFEST}
+    return Artifact("chart", str(chart), chart.mirror_repository, chart.version.replace("+", "_"),
+                    manifest["digest"], OCI_MANIFEST, [manifest], [config, layer])
 
 
 def _get(url: str, context: ssl.SSLContext) -> bytes:

@@ -50,7 +50,8 @@ class Phase:
     name: str
     title: str
     playbook: str
-    result: Result = Result()
+    # What it leaves on its hosts; a function of the settings where that depends on them.
+    result: Result | Callable[[GpubootSettings], Result] = Result()
     # The matrix components whose images nodes pull in this phase, and whether it installs
     # packages: in an air gap the mirror must hold them first (checked before it runs).
     pulls: tuple[str, ...] = ()
@@ -60,6 +61,9 @@ class Phase:
     # A read-only phase (preflight) leaves nothing on the hosts: it runs whenever a later
     # phase of the same run does.
     read_only: bool = False
+
+    def result_for(self, settings: GpubootSettings) -> Result:
+        return self.result(settings) if callable(self.result) else self.result
 
     @property
     def path(self) -> Path:
@@ -124,8 +128,11 @@ class Phase:
         return self.pulls
 
 
-def _cni_unbuilt(settings: GpubootSettings) -> str | None:
-    return "calico is not built yet" if settings.networking.cni == "calico" else None
+def _cni_result(settings: GpubootSettings) -> Result:
+    # calico-node's install-cni writes Calico's conflist on every node; the bridge is gpuboot's.
+    if settings.networking.cni == "calico":
+        return Result(present=("/etc/cni/net.d/10-calico.conflist",), services=("kubelet",))
+    return Result(files=("/etc/cni/net.d/10-gpuboot-bridge.conflist",), services=("kubelet", "gpuboot-pod-routes"))
 
 
 def _endpoint_unbuilt(settings: GpubootSettings) -> str | None:
@@ -155,10 +162,10 @@ UP: tuple[Phase, ...] = (
           pulls=("kubernetes",)),
     Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml", KUBELET, pulls=("kubernetes",)),
     Phase("workers_join", "Worker joins", "workers_join.yml", KUBELET, pulls=("kubernetes",)),
-    Phase("cni", "Pod network (Calico, or bridge)", "cni.yml",
-          Result(files=("/etc/cni/net.d/10-gpuboot-bridge.conflist",), services=("kubelet", "gpuboot-pod-routes")),
-          pulls=("calico",), unbuilt=_cni_unbuilt),
-    Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml", pulls=("gpu_operator",)),
+    Phase("cni", "Pod network (Calico, or bridge)", "cni.yml", _cni_result, pulls=("calico",)),
+    # What gpuboot applies lives on the first control plane; the objects live in the cluster.
+    Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml",
+          Result(files=("/etc/gpuboot/addons/gpu-operator/*.yaml",)), pulls=("gpu_operator",)),
     Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", pulls=("network_operator",)),
     Phase("validate", "Cluster validation", "validate.yml"),
     Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", pulls=("argocd",)),

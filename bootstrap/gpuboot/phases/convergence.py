@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuboot import content
-from gpuboot.config.model import Cluster
+from gpuboot.config.model import Cluster, GpubootSettings
 from gpuboot.phases.catalog import Phase
 
 STATE_PLAYBOOK = "gpuboot_state.yml"
@@ -109,7 +109,11 @@ def probe_from(results: list, phases: list[str]) -> Probe:
     return probe
 
 
-def state_phases(entries: list[tuple[Phase, str, list[str]]]) -> list[dict]:
+def state_phases(entries: list[tuple[Phase, str, list[str]]], settings: GpubootSettings) -> list[dict]:
     """The phases as the state playbook takes them: name, fingerprint, hosts and result."""
-    return [{"name": phase.name, "fingerprint": digest, "hosts": hosts, **phase.result.as_data()}
-            for phase, digest, hosts in entries if phase.result.observable and hosts]
+    found = []
+    for phase, digest, hosts in entries:
+        result = phase.result_for(settings)
+        if result.observable and hosts:
+            found.append({"name": phase.name, "fingerprint": digest, "hosts": hosts, **result.as_data()})
+    return found

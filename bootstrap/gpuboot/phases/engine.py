@@ -239,7 +239,8 @@ class Engine:
             with self.state.lock(self.options.command):
                 probe = None
                 if on_hosts:
-                    entries = convergence.state_phases([(p, digests[p.name], hosts[p.name]) for p in phases])
+                    entries = convergence.state_phases([(p, digests[p.name], hosts[p.name]) for p in phases],
+                                                             self.cluster.settings)
                     probe = self._begin(run_dir, run_id, first, entries, holder)
                     locked = True
                 decision = self._plan(phases, probe, digests, hosts)
@@ -278,7 +279,7 @@ class Engine:
             # however the run ended (a second Ctrl-C here leaves the lock for `unlock`).
             if locked:
                 try:
-                    self.state_run("end", run_dir, run_id, convergence.state_phases(succeeded), first,
+                    self.state_run("end", run_dir, run_id, convergence.state_phases(succeeded, self.cluster.settings), first,
                                    gpuboot_lock_holder=holder)
                 except (GpubootError, KeyboardInterrupt):
                     pass
