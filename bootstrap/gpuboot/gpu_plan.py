@@ -101,8 +101,8 @@ class GpuPlan:
         images); none without GPU workers."""
         if not self.nodes:
             return ()
-        # smokeTest (validate's nvidia-smi Job) joins when that Job is built.
-        found = ["operator", "validator", "toolkit", "devicePlugin", "dcgmExporter", "nfd"]
+        # smokeTest: the image of validate's nvidia-smi Job, one per GPU node group.
+        found = ["operator", "validator", "toolkit", "devicePlugin", "dcgmExporter", "nfd", "smokeTest"]
         if self.driver_kinds:
             found.append("driverManager")
         # The MIG manager runs only on MIG-capable GPUs; an undeclared model may be one.

@@ -80,7 +80,8 @@ def test_values_fit_the_chart_and_the_plan_lists_exactly_what_is_deployed(render
     for node in cluster.in_group("gpu_workers"):
         os_id = node.settings.os or cluster.settings.node_os.id
         nodes[node.name] = {"os_tag": release.os_for(os_id)[2], "kernel": node.settings.kernel}
-    deployed = deployed_images(values, labels, drivers, nodes)
+    # What the operator deploys, and the image of validate's nvidia-smi smoke Job.
+    deployed = deployed_images(values, labels, drivers, nodes) | {release.images["gpu_operator"]["smokeTest"]}
     planned = {str(i.ref) for i in build(release, Target.of(cluster, release)).only({"gpu_operator"}).images}
     assert planned == deployed, (f"planned but not deployed: {sorted(planned - deployed)}; "
                                  f"deployed but not planned: {sorted(deployed - planned)}")

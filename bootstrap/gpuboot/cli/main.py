@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -126,6 +127,39 @@ def up(app: App, inventory: str, from_phase, to_phase, only, skip, force: bool,
     _mirror_preflight(app, cluster, phases, skip_mirror_check)
     _run(app, cluster, phases, output, check=False, diff=False, force=force,
          host_key_checking=not insecure_skip_host_key_check, command="up", verbosity=verbose)
+
+
+@cli.command()
+@inventory_arg
+@click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text")
+@pass_app
+def verify(app: App, inventory: str, insecure_skip_host_key_check: bool, output: str) -> None:
+    """Check the running cluster against the inventory (the validate phase on its own): GPU
+    resources per node, the GPU Operator and its operands, smoke Jobs, Calico, pod network."""
+    cluster = load_cluster(inventory, check_files=True)
+    report = app.cluster_state(cluster).root / "validate.json"
+    started = time.time()
+    try:
+        _run(app, cluster, select(UP, Selection(None, None, ("validate",), ())), output, check=False, diff=False,
+             force=True, host_key_checking=not insecure_skip_host_key_check, command="verify")
+    finally:
+        if report.is_file() and report.stat().st_mtime >= started:
+            _print_report(app, json.loads(report.read_text()), output)
+
+
+def _print_report(app: App, report: dict, output: str) -> None:
+    if output == "json":
+        click.echo(json.dumps({"event": "ValidationReport", **report}))
+        return
+    from rich.table import Table
+    table = Table(title=f"cluster {report['cluster']}: {report['short']} check(s) short")
+    for column in ("node", "check", "want", "got", "ok", "reason"):
+        table.add_column(column)
+    for row in report["rows"]:
+        table.add_row(row["node"], row["check"], str(row["want"]), str(row["got"]),
+                      "[green]ok[/]" if row["ok"] else "[red]SHORT[/]", row["reason"])
+    app.console.print(table)
 
 
 def _mirror_preflight(app: App, cluster, phases, skip: bool) -> None:

@@ -167,7 +167,8 @@ UP: tuple[Phase, ...] = (
     Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml",
           Result(files=("/etc/gpuboot/addons/gpu-operator/*.yaml",)), pulls=("gpu_operator",)),
     Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", pulls=("network_operator",)),
-    Phase("validate", "Cluster validation", "validate.yml"),
+    # The gate: it only reads (its smoke pods are deleted), so it runs whenever `up` reaches it.
+    Phase("validate", "Cluster validation", "validate.yml", pulls=("validate", "gpu_operator"), read_only=True),
     Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", pulls=("argocd",)),
 )
 

@@ -201,7 +201,7 @@ class Engine:
             elif self.options.check or probe is None:
                 decision[phase.name] = (False, "")
             elif phase.read_only:
-                decision[phase.name] = (False, "it checks the hosts before anything changes")
+                decision[phase.name] = (False, "it only reads, so it runs every time")
             elif previous.get("status") != "ok":
                 decision[phase.name] = (False, "it has not succeeded yet" if not previous else "it failed last time")
             elif previous.get("fingerprint") != digests[phase.name]:

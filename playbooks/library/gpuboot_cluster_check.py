@@ -1,0 +1,265 @@
+#!/usr/bin/python
+"""The validation gate: asks the API server whether the cluster is what the inventory asked."""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpuboot_cluster_check
+short_description: Check a gpuboot cluster through its API server and report each shortfall
+description:
+  - Every GPU node advertises the allocatable resources the inventory implies (GPUs x
+    time-slicing replicas, or the MIG devices of its layout); the GPU Operator's ClusterPolicy
+    is ready and every operand pod is ready, per node; a smoke Job per GPU node group requests
+    one GPU (or MIG device) and runs nvidia-smi; with Calico every TigeraStatus is Available;
+    a pod on one node reaches a pod on another.
+  - Returns one row per check (node, check, want, got, ok, reason). Jobs and pods it starts are
+    deleted before it returns; the namespace it runs them in is kept (created once).
+options:
+  kubeconfig: {type: path, required: true}
+  gpu_nodes:
+    type: dict
+    default: {}
+    description: "node -> {resources: {name: count} or null, group: the node's GPU group}."
+  gpu_namespace: {type: str, default: gpu-operator}
+  smoke_image: {type: str, default: ""}
+  probe_image: {type: str, default: ""}
+  calico: {type: bool, default: false}
+  namespace: {type: str, default: gpuboot-validate}
+  timeout: {type: int, default: 180, description: Seconds each Job or probe may take.}
+"""
+
+import json
+import re
+import subprocess
+import time
+import uuid
+
+from ansible.module_utils.basic import AnsibleModule
+
+RUN_LABEL = "gpuboot.io/validate"
+
+
+class Kube:
+    def __init__(self, kubeconfig):
+        self.kubeconfig = kubeconfig
+
+    def run(self, *args, stdin=None):
+        proc = subprocess.run(["kubectl", "--kubeconfig", self.kubeconfig, "--request-timeout=20s", *args],
+                              input=stdin, capture_output=True, text=True, timeout=60)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def get(self, *args):
+        rc, out, _ = self.run("get", *args, "-o", "json")
+        return json.loads(out) if rc == 0 else None
+
+    def create(self, obj):
+        rc, out, err = self.run("create", "-f", "-", "-o", "json", stdin=json.dumps(obj))
+        if rc != 0:
+            raise RuntimeError(err.strip())
+        return json.loads(out)
+
+
+def _dns(text):
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40].rstrip("-") or "group"
+
+
+def row(node, check, want, got, ok, reason=""):
+    return {"node": node, "check": check, "want": want, "got": got, "ok": bool(ok), "reason": reason}
+
+
+def _fmt(resources):
+    return ", ".join(f"{k}={v}" for k, v in sorted(resources.items())) or "none"
+
+
+def pod_problem(pod):
+    """Why a pod is not ready, in the words of its containers or the scheduler."""
+    statuses = pod["status"].get("containerStatuses", []) + pod["status"].get("initContainerStatuses", [])
+    for status in statuses:
+        state = status.get("state", {})
+        for key in ("waiting", "terminated"):
+            if key in state and state[key].get("reason") not in (None, "Completed"):
+                return f"{state[key].get('reason')}: {state[key].get('message', '').strip()}".strip(": ")
+    for condition in pod["status"].get("conditions", []):
+        if condition.get("status") == "False" and condition.get("message"):
+            return f"{condition.get('reason', '')}: {condition['message']}".strip(": ")
+    return pod["status"].get("phase", "Unknown")
+
+
+def check_resources(nodes, gpu_nodes):
+    rows = []
+    for name, want in sorted(gpu_nodes.items()):
+        node = nodes.get(name)
+        if node is None:
+            rows.append(row(name, "allocatable", _fmt(want.get("resources") or {}), "no such node", False,
+                            "the node is not in the cluster"))
+            continue
+        got = {k: int(v) for k, v in node["status"].get("allocatable", {}).items() if k.startswith("nvidia.com/")}
+        wanted = want.get("resources")
+        if wanted is None:  # GPU count not declared: any GPU at all
+            rows.append(row(name, "allocatable", "nvidia.com/* > 0", _fmt(got), sum(got.values()) > 0,
+                            "" if got else "the node advertises no GPU resource"))
+            continue
+        ok = got == wanted
+        rows.append(row(name, "allocatable", _fmt(wanted), _fmt(got), ok,
+                        "" if ok else "the device plugin advertises other resources than the inventory implies"))
+    return rows
+
+
+def check_operator(kube, namespace, gpu_nodes):
+    rows = []
+    policy = kube.get("clusterpolicies.nvidia.com", "cluster-policy")
+    state = (policy or {}).get("status", {}).get("state") if policy else None
+    rows.append(row("-", "ClusterPolicy", "ready", state or "missing", state == "ready",
+                    "" if state == "ready" else "the GPU Operator has not made every operand ready"))
+    pods = (kube.get("pods", "-n", namespace) or {"items": []})["items"]
+    for pod in pods:
+        node = pod["spec"].get("nodeName", "(not scheduled)")
+        if gpu_nodes and node not in gpu_nodes and node != "(not scheduled)":
+            continue
+        statuses = pod["status"].get("containerStatuses", [])
+        ready = pod["status"].get("phase") == "Succeeded" or (statuses and all(s.get("ready") for s in statuses))
+        if not ready:
+            app = pod["metadata"].get("labels", {}).get("app", pod["metadata"]["name"])
+            rows.append(row(node, f"operand {app}", "Ready", pod["status"].get("phase", "?"), False,
+                            f"{pod['metadata']['name']}: {pod_problem(pod)}"))
+    return rows
+
+
+def check_calico(kube):
+    found = (kube.get("tigerastatuses.operator.tigera.io") or {"items": []})["items"]
+    if not found:
+        return [row("-", "Calico", "every TigeraStatus Available", "none reported", False,
+                    "the tigera-operator reports no component")]
+    rows = []
+    for item in found:
+        conditions = {c["type"]: c for c in item.get("status", {}).get("conditions", [])}
+        ok = conditions.get("Available", {}).get("status") == "True"
+        why = conditions.get("Degraded") or conditions.get("Progressing") or {}
+        rows.append(row("-", f"Calico {item['metadata']['name']}", "Available", "Available" if ok else "not Available",
+                        ok, "" if ok else f"{why.get('reason', '')}: {why.get('message', '')}".strip(": ")))
+    return rows
+
+
+def wait_pod(kube, namespace, selector, timeout, done=("Succeeded", "Failed")):
+    deadline = time.monotonic() + timeout
+    pod = None
+    while time.monotonic() < deadline:
+        items = (kube.get("pods", "-n", namespace, "-l", selector) or {"items": []})["items"]
+        pod = items[0] if items else None
+        if pod and pod["status"].get("phase") in done:
+            return pod
+        time.sleep(2)
+    return pod
+
+
+def _pod_spec(node, image, command, resources):
+    spec = {"restartPolicy": "Never", "tolerations": [{"operator": "Exists"}], "containers": [
+        {"name": "check", "image": image, "command": command,
+         "resources": {"limits": resources} if resources else {}}]}
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return spec
+
+
+def run_pod(kube, namespace, name, node, image, command, resources, timeout, done=("Succeeded", "Failed")):
+    """A pod of this run only (its own label value), waited for until `done`."""
+    run_id = f"{name}-{uuid.uuid4().hex[:8]}"[:63]
+    kube.create({"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"generateName": f"{name}-", "namespace": namespace, "labels": {RUN_LABEL: run_id}},
+                 "spec": _pod_spec(node, image, command, resources)})
+    return wait_pod(kube, namespace, f"{RUN_LABEL}={run_id}", timeout, done)
+
+
+def run_job(kube, namespace, name, node, image, command, resources, timeout):
+    """A Job of one pod and no retry, waited for until its pod ends."""
+    run_id = f"{name}-{uuid.uuid4().hex[:8]}"[:63]
+    kube.create({"apiVersion": "batch/v1", "kind": "Job",
+                 "metadata": {"generateName": f"{name}-", "namespace": namespace, "labels": {RUN_LABEL: run_id}},
+                 "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 600, "template": {
+                     "metadata": {"labels": {RUN_LABEL: run_id}},
+                     "spec": _pod_spec(node, image, command, resources)}}})
+    return wait_pod(kube, namespace, f"{RUN_LABEL}={run_id}", timeout)
+
+
+def cleanup(kube, namespace):
+    for kind in ("jobs", "pods"):
+        kube.run("delete", kind, "-n", namespace, "-l", RUN_LABEL, "--wait=false", "--ignore-not-found",
+                 "--cascade=background")
+
+
+def check_smoke(kube, namespace, gpu_nodes, image, timeout):
+    rows = []
+    groups = {}
+    for name, want in sorted(gpu_nodes.items()):
+        groups.setdefault(want.get("group") or name, name)
+    for group, node in sorted(groups.items()):
+        resources = gpu_nodes[node].get("resources") or {"nvidia.com/gpu": 1}
+        resource = "nvidia.com/gpu" if "nvidia.com/gpu" in resources else sorted(resources)[0]
+        pod = run_job(kube, namespace, "smoke-" + _dns(group), node, image, ["nvidia-smi", "-L"], {resource: "1"},
+                      timeout)
+        phase = (pod or {}).get("status", {}).get("phase", "not created")
+        ok = phase == "Succeeded"
+        reason = ""
+        if not ok:
+            reason = pod_problem(pod) if pod else "the pod was not created"
+        rows.append(row(node, f"smoke {resource}=1 nvidia-smi", "Succeeded", phase, ok, reason))
+    return rows
+
+
+def check_network(kube, namespace, nodes, image, timeout):
+    ready = sorted(n for n, body in nodes.items()
+                   if any(c["type"] == "Ready" and c["status"] == "True" for c in body["status"].get("conditions", [])))
+    workers = [n for n in ready if "node-role.kubernetes.io/control-plane" not in nodes[n]["metadata"].get("labels", {})]
+    pair = (workers + [n for n in ready if n not in workers])[:2]
+    if len(pair) < 2:
+        return [row("-", "pod network", "two Ready nodes", str(len(ready)), False, "pod-to-pod needs two Ready nodes")]
+    server = run_pod(kube, namespace, "net-server", pair[0], image, ["agnhost", "netexec", "--http-port=8080"], None,
+                     timeout, done=("Running", "Failed", "Succeeded"))
+    address = (server or {}).get("status", {}).get("podIP")
+    if not server or server["status"].get("phase") != "Running" or not address:
+        return [row(pair[0], "pod network", "server Running", (server or {}).get("status", {}).get("phase", "none"),
+                    False, pod_problem(server) if server else "the server pod was not created")]
+    client = run_pod(kube, namespace, "net-client", pair[1], image,
+                     ["agnhost", "connect", f"{address}:8080", "--timeout=5s"], None, timeout)
+    phase = (client or {}).get("status", {}).get("phase", "none")
+    return [row(f"{pair[1]} -> {pair[0]}", "pod network", "connected", phase, phase == "Succeeded",
+                "" if phase == "Succeeded" else (pod_problem(client) if client else "no client pod"))]
+
+
+def main():
+    module = AnsibleModule(argument_spec={
+        "kubeconfig": {"type": "path", "required": True},
+        "gpu_nodes": {"type": "dict", "default": {}},
+        "gpu_namespace": {"type": "str", "default": "gpu-operator"},
+        "smoke_image": {"type": "str", "default": ""},
+        "probe_image": {"type": "str", "default": ""},
+        "calico": {"type": "bool", "default": False},
+        "namespace": {"type": "str", "default": "gpuboot-validate"},
+        "timeout": {"type": "int", "default": 180},
+    }, supports_check_mode=False)
+    p = module.params
+    kube = Kube(p["kubeconfig"])
+    changed = False
+    if kube.get("namespace", p["namespace"]) is None:
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": p["namespace"], "labels": {
+            "pod-security.kubernetes.io/enforce": "baseline"}}})
+        changed = True
+    nodes = {n["metadata"]["name"]: n for n in (kube.get("nodes") or {"items": []})["items"]}
+    rows = []
+    try:
+        if p["gpu_nodes"]:
+            rows += check_resources(nodes, p["gpu_nodes"])
+            rows += check_operator(kube, p["gpu_namespace"], p["gpu_nodes"])
+            if p["smoke_image"]:
+                rows += check_smoke(kube, p["namespace"], p["gpu_nodes"], p["smoke_image"], p["timeout"])
+        if p["calico"]:
+            rows += check_calico(kube)
+        if p["probe_image"]:
+            rows += check_network(kube, p["namespace"], nodes, p["probe_image"], p["timeout"])
+    finally:
+        cleanup(kube, p["namespace"])
+    failed = [r for r in rows if not r["ok"]]
+    module.exit_json(changed=changed, rows=rows, short=len(failed))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""TEST DOUBLE of the NVIDIA GPU Operator's controller, run against a real lab cluster.
+
+The real operator (and a GPU) cannot exist here. This double does, through the lab's real API
+server, what gpuboot depends on, from the ClusterPolicy the (double) chart made and the
+node's double hardware facts:
+- one DaemonSet per operand the ClusterPolicy turns on, with the image the ClusterPolicy
+  names (so the lab's nodes really pull every operand through the mirror: an image the mirror
+  plan missed stays in ImagePullBackOff), on the GPU nodes the real operator would pick;
+- GPU labels (nvidia.com/gpu.present, .product, .count, nvidia.com/mig.config.state) as GFD
+  and the MIG manager set them;
+- allocatable resources as the device plugin would advertise them: GPUs x the time-slicing
+  replicas of the profile the node's nvidia.com/device-plugin.config label picks, or the MIG
+  devices of the layout its nvidia.com/mig.config label names (filtered by the GPU's PCI id,
+  named by the ClusterPolicy's MIG strategy);
+- ClusterPolicy status.state ready only when every operand DaemonSet is ready on every node.
+
+Operand pods run a double image (busybox): a node-local fault file
+/etc/gpuboot-double/fault-<operand> makes that operand's pod on that node exit with the
+file's text, as a broken operand would."""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+FAULT_DIR = "/etc/gpuboot-double"
+# ClusterPolicy section -> the DaemonSet the real operator names for it.
+OPERANDS = {
+    "driver": "nvidia-driver-daemonset",
+    "toolkit": "nvidia-container-toolkit-daemonset",
+    "devicePlugin": "nvidia-device-plugin-daemonset",
+    "gfd": "gpu-feature-discovery",
+    "dcgmExporter": "nvidia-dcgm-exporter",
+    "migManager": "nvidia-mig-manager",
+    "validator": "nvidia-operator-validator",
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a GPU node would report through NVML and NFD."""
+
+    product: str       # GFD's nvidia.com/gpu.product, e.g. NVIDIA-H100-80GB-HBM3
+    pci_device: str    # e.g. 0x2330
+    count: int
+    os_tag: str = "ubuntu22.04"
+    kernel: str = "5.15.0-1048-nvidia"
+
+
+class DoubleGpuOperator:
+    def __init__(self, kubectl: Path, kubeconfig: Path, hardware: dict[str, Hardware],
+                 namespace: str = "gpu-operator") -> None:
+        self.kubectl, self.kubeconfig, self.hardware, self.namespace = kubectl, kubeconfig, hardware, namespace
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors: list[str] = []
+
+    # -- the API server, through the real kubectl --------------------------------
+    def _run(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([str(self.kubectl), "--kubeconfig", str(self.kubeconfig), "--request-timeout=10s", *args],
+                              input=stdin, capture_output=True, text=True, timeout=30)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args[:3])}: {proc.stderr.strip()}")
+        return proc
+
+    def _get(self, *args: str) -> dict | None:
+        proc = self._run("get", *args, "-o", "json", check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+    def _apply(self, objects: list[dict]) -> None:
+        body = "\n---\n".join(yaml.safe_dump(o) for o in objects)
+        self._run("apply", "--server-side", "--field-manager=gpu-operator-double", "--force-conflicts", "-f", "-",
+                  stdin=body)
+
+    # -- what the operator computes ----------------------------------------------
+    def _config_map(self, name: str | None) -> dict:
+        found = self._get("configmap", "-n", self.namespace, name) if name else None
+        return (found or {}).get("data") or {}
+
+    def resources(self, policy: dict, labels: dict, hw: Hardware) -> dict[str, int]:
+        spec = policy["spec"]
+        layout_name = labels.get("nvidia.com/mig.config")
+        mig_configs = {}
+        if layout_name:
+            text = self._config_map(((spec.get("migManager") or {}).get("config") or {}).get("name")).get("config.yaml")
+            mig_configs = (yaml.safe_load(text) or {}).get("mig-configs", {}) if text else {}
+        found: dict[str, int] = {}
+        whole = 0
+        # mig-parted names a device by its PCI device id and vendor: 0x2330 + 10DE.
+        device = f"{hw.pci_device}10de".lower()
+        entries = [e for e in mig_configs.get(layout_name, [])
+                   if not e.get("device-filter") or device in [f.lower() for f in e["device-filter"]]]
+        claimed: set[int] = set()
+        for entry in entries:
+            indexes = range(hw.count) if entry["devices"] == "all" else [i for i in entry["devices"] if i < hw.count]
+            for index in indexes:
+                claimed.add(index)
+                if not entry.get("mig-enabled"):
+                    whole += 1
+                    continue
+                for profile, count in (entry.get("mig-devices") or {}).items():
+                    name = "nvidia.com/gpu" if spec["mig"]["strategy"] == "single" else f"nvidia.com/mig-{profile}"
+                    found[name] = found.get(name, 0) + count
+        whole += hw.count - len(claimed)
+        if whole:
+            plugin = spec.get("devicePlugin") or {}
+            config = plugin.get("config") or {}
+            profile = labels.get("nvidia.com/device-plugin.config") or config.get("default")
+            body = yaml.safe_load(self._config_map(config.get("name")).get(profile, "") or "{}") or {}
+            shared = ((body.get("sharing") or {}).get("timeSlicing") or {}).get("resources") or []
+            replicas = next((r["replicas"] for r in shared if r["name"] == "nvidia.com/gpu"), 1)
+            found["nvidia.com/gpu"] = found.get("nvidia.com/gpu", 0) + whole * replicas
+        return found
+
+    def _daemonset(self, section: str, spec: dict, image: str) -> dict:
+        name = OPERANDS[section]
+        operand = name.removeprefix("nvidia-").removesuffix("-daemonset")
+        expressions = [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]
+        if section == "driver":
+            expressions.append({"key": "nvidia.com/gpu.deploy.driver", "operator": "NotIn", "values": ["false"]})
+        if section == "migManager":
+            expressions.append({"key": "nvidia.com/mig.config", "operator": "Exists"})
+        script = (f"f={FAULT_DIR}/fault-{operand}; if [ -e $f ]; then cat $f >&2; exit 1; fi; "
+                  "exec /bin/busybox sleep 2147483647")
+        return {
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": self.namespace, "labels": {"app": name}},
+            "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": expressions}]}}},
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [{"name": operand, "image": image, "command": ["/bin/sh", "-c", script],
+                                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                                    "volumeMounts": [{"name": "faults", "mountPath": FAULT_DIR, "readOnly": True}]}],
+                    "volumes": [{"name": "faults", "hostPath": {"path": FAULT_DIR, "type": "DirectoryOrCreate"}}]}}}}
+
+    def _image(self, section: str, spec: dict, node: Hardware | None = None) -> str:
+        body = spec[section]
+        tag = body["version"]
+        if section == "driver":  # the operator appends the node's OS (precompiled: kernel and OS)
+            tag = f"{tag}-{node.kernel}-{node.os_tag}" if body.get("usePrecompiled") else f"{tag}-{node.os_tag}"
+        return f"{body['repository']}/{body['image']}:{tag}"
+
+    def reconcile(self) -> str | None:
+        """One pass; returns the state it reported (None without a ClusterPolicy)."""
+        policy = self._get("clusterpolicies.nvidia.com", "cluster-policy")
+        if policy is None:
+            return None
+        spec = policy["spec"]
+        nodes = {n["metadata"]["name"]: n for n in (self._get("nodes") or {"items": []})["items"]}
+        for name, hw in self.hardware.items():
+            node = nodes.get(name)
+            if node is None:
+                continue
+            labels = node["metadata"].get("labels") or {}
+            resources = self.resources(policy, labels, hw)
+            shared = resources.get("nvidia.com/gpu", 0) > hw.count
+            gfd = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(hw.count),
+                   "nvidia.com/gpu.product": hw.product + ("-SHARED" if shared else "")}
+            if "nvidia.com/mig.config" in labels:
+                gfd["nvidia.com/mig.config.state"] = "success"
+            self._apply([{"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": gfd}}])
+            current = {k: v for k, v in (node.get("status", {}).get("capacity") or {}).items()
+                       if k.startswith("nvidia.com/")}
+            wanted = {k: str(v) for k, v in resources.items()}
+            if current != wanted:
+                patch = {k: None for k in current if k not in wanted} | wanted
+                self._run("patch", "node", name, "--subresource=status", "--type=merge",
+                          "-p", json.dumps({"status": {"capacity": patch, "allocatable": patch}}))
+        sections = [s for s in OPERANDS if s in spec and (spec[s].get("enabled", True) or s == "validator")]
+        drivers = {self._image("driver", spec, hw) for hw in self.hardware.values()} if "driver" in sections else set()
+        objects = [self._daemonset(s, spec, self._image(s, spec)) for s in sections if s != "driver"]
+        if drivers:  # one DaemonSet per driver image, as the operator makes one per kernel/OS
+            for index, image in enumerate(sorted(drivers)):
+                ds = self._daemonset("driver", spec, image)
+                ds["metadata"]["name"] += f"-{index}" if len(drivers) > 1 else ""
+                objects.append(ds)
+        self._apply(objects)
+        ready = True
+        for ds in (self._get("daemonsets", "-n", self.namespace) or {"items": []})["items"]:
+            status = ds.get("status") or {}
+            if ds["metadata"]["name"].startswith(tuple(OPERANDS.values())):
+                desired = status.get("desiredNumberScheduled", 0)
+                ready &= desired > 0 and status.get("numberReady", 0) == desired
+        state = "ready" if ready else "notReady"
+        if (policy.get("status") or {}).get("state") != state:
+            self._run("patch", "clusterpolicies.nvidia.com", "cluster-policy", "--subresource=status", "--type=merge",
+                      "-p", json.dumps({"status": {"state": state, "namespace": self.namespace}}))
+        return state
+
+    # -- as a controller -----------------------------------------------------------
+    def start(self, period: float = 2.0) -> DoubleGpuOperator:
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.reconcile()
+                except Exception as exc:  # noqa: BLE001 - a controller retries; the test reads .errors
+                    self.errors.append(str(exc))
+                self._stop.wait(period)
+
+        self._thread = threading.Thread(target=loop, name="double-gpu-operator", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=30)

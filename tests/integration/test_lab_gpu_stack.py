@@ -1,0 +1,187 @@
+"""The GPU stack in a real lab cluster (issue 13, point 6): one control plane and two "GPU"
+workers of the kubernetes flavour, air-gapped behind the lab mirror, the Kubernetes built
+from Go modules and helm built from its Go module. The GPU Operator's chart, images and
+controller are TEST DOUBLES (tests/doubles/: the chart with a closed values schema that helm
+enforces, busybox images under every planned operand name, a controller that acts on the lab
+cluster from the ClusterPolicy and each node's double hardware). Real: helm template, the
+mirror, every pull of an operand image by containerd, the API server's server-side apply,
+scheduling on extended resources, and gpuboot's waits and reports.
+
+gpu1 is time-sliced (an L40S x2, 4 replicas), gpu2 is MIG (an H100 x2, all-1g.10gb, mixed
+strategy); their GPU settings live in host_vars/ beside the inventory, as operators write them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from gpuboot import matrix
+from gpuboot.cli.main import run
+from gpuboot_lab.cluster import Lab, LabSpec
+from gpuboot_lab.helm import HelmBuild
+from tests.doubles.gpu_operator.operator import FAULT_DIR, DoubleGpuOperator, Hardware
+from tests.integration.conftest import ssh
+from tests.integration.test_lab_cluster import _built_kubectl
+from tests.support.addon_doubles import add_to_bundle
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+NAME = "gstack"
+SUBNET = "10.213.83.0/24"
+RELEASE = "k8s-1.34"
+GPU_NODES = {
+    f"{NAME}-gpu1": ({"os": "debian-12", "gpu": {"model": "L40S-48GB", "count": 2, "driver": "preinstalled",
+                                                 "time_slicing_replicas": 4}},
+                     Hardware("NVIDIA-L40S", "0x26b9", 2)),
+    f"{NAME}-gpu2": ({"os": "debian-12", "gpu": {"model": "H100-SXM5-80GB", "count": 2, "driver": "preinstalled",
+                                                 "mig": {"layout": "all-1g.10gb"}}},
+                     Hardware("NVIDIA-H100-80GB-HBM3", "0x2330", 2)),
+}
+
+
+@pytest.fixture
+def gpu_cluster(lab, tmp_path, monkeypatch, capsys):
+    version = matrix.load(RELEASE).kubernetes.version
+    kubectl = _built_kubectl(version)
+    helm = HelmBuild(log=lambda m: None).build()
+    monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
+    bundle = tmp_path / "bundle"
+    assert run(["lab", "kubernetes", "bundle", "--version", version, "--out", str(bundle)]) == 0
+    capsys.readouterr()
+    node_lab = Lab(tmp_path / "state" / "_lab" / NAME, log=lambda msg: None)
+    node_lab.down(NAME)
+    inventory = tmp_path / "lab" / "inventory.yml"
+    operator = None
+    try:
+        state = node_lab.up(LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=2, subnet=SUBNET,
+                                    flavour="kubernetes", release=RELEASE), inventory)
+        data = yaml.safe_load(inventory.read_text())
+        settings = data["all"]["vars"]["gpuboot"]
+        settings["gpu_operator"] = {"mig_strategy": "mixed"}
+        settings["tools"] = {"helm": str(helm)}
+        # A broken operand must be reported within the test's patience, not the product's 15 min.
+        data["all"]["vars"]["gpu_operator_ready_timeout"] = 120
+        inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+        host_vars = inventory.parent / "host_vars"
+        host_vars.mkdir()
+        for name, (node, _) in GPU_NODES.items():
+            (host_vars / f"{name}.yml").write_text(yaml.safe_dump({"gpuboot_node": node}))
+        images = add_to_bundle(bundle, inventory, helm)
+        state = node_lab.start_mirror(bundle)
+        kubeconfig = tmp_path / "state" / NAME / "admin.conf"
+        operator = DoubleGpuOperator(kubectl, kubeconfig, {n: hw for n, (_, hw) in GPU_NODES.items()}).start()
+        yield {"lab": node_lab, "state": state, "inventory": inventory, "kubectl": kubectl, "kubeconfig": kubeconfig,
+               "images": images, "operator": operator, "mirror": yaml.safe_load(inventory.read_text())
+               ["all"]["vars"]["gpuboot"]["mirror"]["registry"]}
+    finally:
+        if operator:
+            operator.stop()
+        node_lab.down(NAME)
+
+
+def kubectl(info, *args: str) -> str:
+    proc = subprocess.run([str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "--request-timeout=10s", *args],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def changes(info) -> dict[str, int]:
+    record = json.loads((info["kubeconfig"].parent / "state.json").read_text())["phases"]
+    return {name: entry["changed"] for name, entry in record.items()}
+
+
+def test_gpu_operator_installs_from_the_mirror_and_the_nodes_advertise_what_the_inventory_asks(gpu_cluster, capsys):
+    info = gpu_cluster
+    assert run(["up", str(info["inventory"]), "--to", "validate"]) == 0, capsys.readouterr().out[-6000:]
+    capsys.readouterr()
+
+    # The gate's report: every check passed, a smoke Job ran on each GPU node group, and a pod
+    # on one node reached a pod on another.
+    report = json.loads((info["kubeconfig"].parent / "validate.json").read_text())
+    assert report["short"] == 0, report
+    checks = {(r["node"], r["check"]) for r in report["rows"]}
+    assert (f"{NAME}-gpu1", "allocatable") in checks and (f"{NAME}-gpu2", "allocatable") in checks
+    assert (f"{NAME}-gpu1", "smoke nvidia.com/gpu=1 nvidia-smi") in checks
+    assert (f"{NAME}-gpu2", "smoke nvidia.com/mig-1g.10gb=1 nvidia-smi") in checks
+    assert ("-", "ClusterPolicy") in checks and any(c == "pod network" for _, c in checks)
+
+    # Resources as the inventory asks: 2 L40S x 4 replicas; 2 H100 x 7 1g.10gb (mixed strategy).
+    nodes = {n["metadata"]["name"]: n for n in json.loads(kubectl(info, "get", "nodes", "-o", "json"))["items"]}
+    gpu1, gpu2 = (nodes[f"{NAME}-gpu{i}"] for i in (1, 2))
+    assert gpu1["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    assert gpu2["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] == "14"
+    assert "nvidia.com/gpu" not in gpu2["status"]["allocatable"]
+    # The labels gpuboot applied (server-side, its own field manager) picked those profiles.
+    assert gpu1["metadata"]["labels"]["nvidia.com/device-plugin.config"] == "time-sliced-4"
+    assert gpu1["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-L40S-SHARED"
+    assert gpu2["metadata"]["labels"]["nvidia.com/mig.config"] == "all-1g.10gb"
+    assert all(n["metadata"]["labels"]["nvidia.com/gpu.deploy.driver"] == "false" for n in (gpu1, gpu2))
+
+    # The ClusterPolicy the chart rendered: open modules never asked of a preinstalled driver,
+    # the toolkit's drop-in, the MIG strategy; the namespace admits privileged operands.
+    policy = json.loads(kubectl(info, "get", "clusterpolicies.nvidia.com", "cluster-policy", "-o", "json"))
+    assert policy["status"]["state"] == "ready"
+    assert policy["spec"]["driver"]["enabled"] is False and policy["spec"]["mig"]["strategy"] == "mixed"
+    assert {"name": "CONTAINERD_CONFIG", "value": "/etc/containerd/conf.d/99-nvidia.toml"} in policy["spec"]["toolkit"]["env"]
+    namespace = json.loads(kubectl(info, "get", "namespace", "gpu-operator", "-o", "json"))
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    # No Helm release: the objects were applied by gpuboot, as Argo CD will declare them.
+    assert "helm.sh/release.v1" not in kubectl(info, "get", "secrets", "-n", "gpu-operator", "-o", "yaml")
+    managers = {m["manager"] for m in policy["metadata"]["managedFields"]}
+    assert "gpuboot" in managers
+
+    # Every operand pod runs on both GPU nodes, pulled through the mirror by containerd, and
+    # only images the mirror plan listed exist there to be pulled.
+    pods = json.loads(kubectl(info, "get", "pods", "-n", "gpu-operator", "-o", "json"))["items"]
+    for pod in pods:
+        assert all(c["ready"] for c in pod["status"]["containerStatuses"]), pod["metadata"]["name"]
+        for container in pod["spec"]["containers"]:
+            assert container["image"] in info["images"], container["image"]
+    per_node = {n: {p["metadata"]["labels"].get("app") for p in pods if p["spec"].get("nodeName") == n}
+                for n in (f"{NAME}-gpu1", f"{NAME}-gpu2")}
+    assert {"nvidia-device-plugin-daemonset", "nvidia-container-toolkit-daemonset"} <= per_node[f"{NAME}-gpu1"]
+    assert "nvidia-mig-manager" in per_node[f"{NAME}-gpu2"] and "nvidia-mig-manager" not in per_node[f"{NAME}-gpu1"]
+    assert "nvidia-driver-daemonset" not in set().union(*per_node.values())  # preinstalled drivers
+    pulled = ssh({"lab": info["lab"], "state": info["state"]}, f"{NAME}-gpu1",
+                 "crictl --runtime-endpoint unix:///run/containerd/containerd.sock images -o json 2>/dev/null "
+                 "|| ctr -n k8s.io images ls -q")
+    assert "k8s-device-plugin" in pulled.stdout
+
+    # A second up changes nothing: the chart renders the same, the server-side diffs are empty.
+    assert run(["up", str(info["inventory"]), "--from", "gpu_operator", "--to", "gpu_operator", "--force"]) == 0, \
+        capsys.readouterr().out[-4000:]
+    assert changes(info)["gpu_operator"] == 0
+    # An object edited behind gpuboot's back is put back by the next up.
+    kubectl(info, "-n", "gpu-operator", "delete", "configmap", "gpuboot-device-plugin-config")
+    assert run(["up", str(info["inventory"]), "--from", "gpu_operator", "--to", "gpu_operator", "--force"]) == 0
+    assert changes(info)["gpu_operator"] > 0
+    kubectl(info, "-n", "gpu-operator", "get", "configmap", "gpuboot-device-plugin-config")
+    capsys.readouterr()
+
+    # A broken operand on one node: the wait stops naming the node, the pod and the reason.
+    lab = {"lab": info["lab"], "state": info["state"]}
+    ssh(lab, f"{NAME}-gpu2", f"mkdir -p {FAULT_DIR} && echo 'double: device plugin cannot open /dev/nvidia0' "
+                             f"> {FAULT_DIR}/fault-device-plugin")
+    kubectl(info, "-n", "gpu-operator", "delete", "pod", "-l", "app=nvidia-device-plugin-daemonset",
+            "--field-selector", f"spec.nodeName={NAME}-gpu2", "--wait=false")
+    deadline = time.monotonic() + 90
+    while json.loads(kubectl(info, "get", "clusterpolicies.nvidia.com", "cluster-policy", "-o", "json")
+                     )["status"]["state"] != "notReady":
+        assert time.monotonic() < deadline, "the double operator did not see the broken operand"
+        time.sleep(3)
+    assert run(["up", str(info["inventory"]), "--from", "gpu_operator", "--to", "gpu_operator", "--force"]) != 0
+    said = capsys.readouterr().out
+    assert f"{NAME}-gpu2: nvidia-device-plugin-daemonset-" in said, said[-3000:]
+    assert "cannot open /dev/nvidia0" in said or "CrashLoopBackOff" in said or "Error" in said, said[-3000:]
+    # `gpuboot verify` (the gate on its own) fails too, its JSON report naming node, operand, reason.
+    assert run(["verify", str(info["inventory"]), "--output", "json"]) != 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    report = next(e for e in lines if e.get("event") == "ValidationReport")
+    short = [r for r in report["rows"] if not r["ok"]]
+    assert any(r["node"] == f"{NAME}-gpu2" and r["check"] == "operand nvidia-device-plugin-daemonset" for r in short), short
+    assert ("-", "ClusterPolicy") in {(r["node"], r["check"]) for r in short}
+    assert all(r["node"] != f"{NAME}-gpu1" or r["check"] == "ClusterPolicy" for r in short), short

@@ -1,0 +1,88 @@
+"""TEST DOUBLES of the add-ons' charts and images, added to a lab bundle so that they enter the
+lab's air-gapped mirror exactly as `gpuboot mirror import` brings the real ones in.
+
+- Charts: the double charts under tests/doubles/charts, packaged by the real helm at the
+  release matrix's chart version and stored as Helm stores a chart in a registry.
+- Images: every image the mirror plan lists for the cluster's GPU Operator and for validate,
+  each a double (Debian's static busybox, `sleep` as entrypoint, a `nvidia-smi` that says it
+  is a double, and an `agnhost` whose netexec serves HTTP and whose connect dials it).
+  Nothing else is added: an operand whose image the plan missed cannot be pulled in the lab."""
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from gpuboot import matrix
+from gpuboot.config.loader import load_cluster
+from gpuboot.mirror import plan as mirror_plan
+from gpuboot.mirror.bundle import Artifact, Bundle
+from gpuboot.mirror.plan import PlannedChart
+from gpuboot.mirror.pull import chart_artifact
+from gpuboot_lab.artifacts import image_artifact
+from tests.support.mirror_fixture import IMAGE_CACHE
+from tests.support.oci_layout import busybox_binaries
+
+CHARTS = Path(__file__).resolve().parents[1] / "doubles" / "charts"
+# Lists the GPUs the node's double hardware says it has (the real one lists what the device
+# plugin gave the container); the smoke Job only runs where its request was scheduled.
+NVIDIA_SMI = b"""#!/bin/sh
+echo "nvidia-smi TEST DOUBLE on $(cat /etc/hostname 2>/dev/null || hostname): no real GPU in the lab"
+echo "GPU 0: ${GPUBOOT_DOUBLE_PRODUCT:-double} (UUID: GPU-00000000-double)"
+"""
+
+
+AGNHOST = b"""#!/bin/sh
+# agnhost TEST DOUBLE: the two subcommands validate uses.
+case "$1" in
+  netexec) port=${2#--http-port=}; mkdir -p /tmp/www && echo ok > /tmp/www/index.html
+           exec /bin/busybox httpd -f -p "$port" -h /tmp/www ;;
+  connect) exec /bin/busybox wget -q -T 5 -O /dev/null "http://$2/" ;;
+  *) echo "agnhost TEST DOUBLE: $1 is not doubled" >&2; exit 2 ;;
+esac
+"""
+
+
+def _tar(entries: list[tuple[str, bytes, int]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data, mode in entries:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def double_image(bundle: Bundle, ref: str, busybox: bytes) -> Artifact:
+    base = _tar([("bin/busybox", busybox, 0o755), ("bin/sh", busybox, 0o755), ("usr/bin/agnhost", AGNHOST, 0o755)])
+    return image_artifact(bundle, ref, "usr/bin/nvidia-smi", NVIDIA_SMI, ["/bin/busybox", "sleep", "2147483647"], base)
+
+
+def package_chart(helm: Path, name: str, version: str, out: Path) -> bytes:
+    """The double chart `name` packaged by helm at `version` (the matrix's)."""
+    proc = subprocess.run([str(helm), "package", str(CHARTS / name), "--version", version, "--app-version", version,
+                           "--destination", str(out)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return next(out.glob(f"{name}-*.tgz")).read_bytes()
+
+
+def add_to_bundle(bundle_dir: Path, inventory: Path, helm: Path, components: tuple[str, ...] = ("gpu_operator", "validate")
+                  ) -> list[str]:
+    """Add the double charts and images of `components` to the bundle; return the image refs."""
+    cluster = load_cluster(inventory)
+    release = matrix.load(cluster.settings.release)
+    plan = mirror_plan.build(release, mirror_plan.Target.of(cluster, release)).only(components)
+    bundle = Bundle(bundle_dir)
+    name, artifacts = bundle.read_manifest()
+    busybox = busybox_binaries(IMAGE_CACHE)["amd64"]
+    added = [double_image(bundle, str(image.ref), busybox) for image in plan.images]
+    with tempfile.TemporaryDirectory() as tmp:
+        for chart in plan.charts:
+            archive = package_chart(helm, chart.name, chart.version, Path(tmp))
+            added.append(chart_artifact(bundle, PlannedChart(chart.component, chart.repository, chart.name,
+                                                             chart.version), archive))
+    known = {a.ref for a in added}
+    bundle.write_manifest(name, [a for a in artifacts if a.ref not in known] + added)
+    return [a.ref for a in added if a.kind == "image"]
