@@ -174,6 +174,12 @@ def write(version: str | None, out: Path, log: Callable[[str], None] = print) ->
         base = (rootfs_tar(KUBE_PROXY_PACKAGES, builder.cache_dir / "debroot", KUBE_PROXY_LINKS)
                 if short == "kube-proxy" else None)
         artifacts.append(image_artifact(bundle, ref, path_in_image, binary.read_bytes(), entrypoint, base))
+    # validate's probe image: agnhost built from k8s.io/kubernetes at this version, under the
+    # name the matrix gives it (its own version number may differ from that tag).
+    for ref in (release.images or {}).get("validate") or []:
+        if parse_image(ref).repository.endswith("/agnhost"):
+            log(f"image {ref}")
+            artifacts.append(image_artifact(bundle, ref, "agnhost", (bin_dir / "agnhost").read_bytes(), ["/agnhost"]))
     os_id = "debian-12"
     kube = release.os[os_id].kube_packages
     cni_version = str(kube.model_extra["kubernetes_cni"])

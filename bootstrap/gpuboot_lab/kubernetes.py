@@ -33,6 +33,7 @@ RECIPE_VERSION = "1"
 DEFAULT_CACHE = Path.home() / ".cache" / "gpuboot" / "kubernetes"
 VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
 PAUSE_SOURCE = Path(__file__).parent / "go" / "pause"
+AGNHOST_PACKAGE = "k8s.io/kubernetes/test/images/agnhost"
 # Packages built from each companion module (lab_build in the matrix); etcd's server module
 # is itself a main package, CNI's plugins are one binary per package.
 COMPANION_PACKAGES = {
@@ -170,6 +171,8 @@ class KubernetesBuild:
         pause_tag = self._pause_tag(version)
         targets = [(c, wrapper, ["-tags", BUILD_TAGS, "-ldflags", flags, f"k8s.io/kubernetes/cmd/{c}"]) for c in components]
         targets.append(("pause", PAUSE_SOURCE, ["-ldflags", f"-s -w -X main.version={pause_tag}", "."]))
+        # Kubernetes' own e2e test image program (validate's pod-to-pod probe), from the same source.
+        targets.append(("agnhost", wrapper, ["-ldflags", "-s -w", AGNHOST_PACKAGE]))
         built, reused = [], []
         for index, (name, source, args) in enumerate(targets, 1):
             step = f"[{index}/{len(targets)}] {name}"

@@ -152,8 +152,11 @@ def wait_pod(kube, namespace, selector, timeout, done=("Succeeded", "Failed")):
 
 
 def _pod_spec(node, image, command, resources):
+    """`command` is ("command", [...]) to replace the image's entrypoint or ("args", [...]) to
+    pass arguments to it (agnhost's image runs /agnhost)."""
+    key, argv = command
     spec = {"restartPolicy": "Never", "tolerations": [{"operator": "Exists"}], "containers": [
-        {"name": "check", "image": image, "command": command,
+        {"name": "check", "image": image, key: argv,
          "resources": {"limits": resources} if resources else {}}]}
     if node:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
@@ -194,7 +197,7 @@ def check_smoke(kube, namespace, gpu_nodes, image, timeout):
     for group, node in sorted(groups.items()):
         resources = gpu_nodes[node].get("resources") or {"nvidia.com/gpu": 1}
         resource = "nvidia.com/gpu" if "nvidia.com/gpu" in resources else sorted(resources)[0]
-        pod = run_job(kube, namespace, "smoke-" + _dns(group), node, image, ["nvidia-smi", "-L"], {resource: "1"},
+        pod = run_job(kube, namespace, "smoke-" + _dns(group), node, image, ("command", ["nvidia-smi", "-L"]), {resource: "1"},
                       timeout)
         phase = (pod or {}).get("status", {}).get("phase", "not created")
         ok = phase == "Succeeded"
@@ -212,14 +215,14 @@ def check_network(kube, namespace, nodes, image, timeout):
     pair = (workers + [n for n in ready if n not in workers])[:2]
     if len(pair) < 2:
         return [row("-", "pod network", "two Ready nodes", str(len(ready)), False, "pod-to-pod needs two Ready nodes")]
-    server = run_pod(kube, namespace, "net-server", pair[0], image, ["agnhost", "netexec", "--http-port=8080"], None,
+    server = run_pod(kube, namespace, "net-server", pair[0], image, ("args", ["netexec", "--http-port=8080"]), None,
                      timeout, done=("Running", "Failed", "Succeeded"))
     address = (server or {}).get("status", {}).get("podIP")
     if not server or server["status"].get("phase") != "Running" or not address:
         return [row(pair[0], "pod network", "server Running", (server or {}).get("status", {}).get("phase", "none"),
                     False, pod_problem(server) if server else "the server pod was not created")]
     client = run_pod(kube, namespace, "net-client", pair[1], image,
-                     ["agnhost", "connect", f"{address}:8080", "--timeout=5s"], None, timeout)
+                     ("args", ["connect", f"{address}:8080", "--timeout=5s"]), None, timeout)
     phase = (client or {}).get("status", {}).get("phase", "none")
     return [row(f"{pair[1]} -> {pair[0]}", "pod network", "connected", phase, phase == "Succeeded",
                 "" if phase == "Succeeded" else (pod_problem(client) if client else "no client pod"))]

@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from gpuboot_lab.cluster import Lab, LabSpec
+from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
+from tests.support.apiserver import ETCD, ApiServer
 
 LAB_NAME = "itest"
 LAB_SUBNET = "10.213.9.0/24"
@@ -74,3 +76,26 @@ def edit_inventory(src: Path, dest: Path, change) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(yaml.safe_dump(data, sort_keys=False))
     return dest
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    """A real API server (etcd + kube-apiserver of the matrix's newest Kubernetes, built from
+    Go modules) on loopback, for API-level tests."""
+    missing = [tool for tool in ("go", ETCD) if shutil.which(tool) is None]
+    if missing:
+        if os.environ.get("GPUBOOT_REQUIRE_LAB") == "1":
+            pytest.fail(f"missing {missing}: bootstrap/setup.sh installs them")
+        pytest.skip(f"missing {missing}")
+    newest = sorted(matrix_versions(), key=lambda v: tuple(int(p) for p in v.lstrip("v").split(".")))[-1]
+    built = KubernetesBuild(log=lambda m: None).build(newest)
+    server = ApiServer(tmp_path_factory.mktemp("api"), built.bin_dir).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def helm():
+    """The real helm, built from its Go module (gpuboot lab helm build; cached)."""
+    from gpuboot_lab.helm import HelmBuild
+    return HelmBuild(log=lambda m: None).build()

@@ -5,29 +5,10 @@ rejects an invalid object. The tenant bundles (GitOps) will be checked against i
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import pytest
 
-from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
-from tests.support.apiserver import ETCD, ApiServer
-
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    missing = [tool for tool in ("go", ETCD) if shutil.which(tool) is None]
-    if missing:
-        if os.environ.get("GPUBOOT_REQUIRE_LAB") == "1":
-            pytest.fail(f"missing {missing}: bootstrap/setup.sh installs them")
-        pytest.skip(f"missing {missing}")
-    newest = sorted(matrix_versions(), key=lambda v: tuple(int(p) for p in v.lstrip("v").split(".")))[-1]
-    built = KubernetesBuild(log=lambda m: None).build(newest)
-    server = ApiServer(tmp_path_factory.mktemp("api"), built.bin_dir).start()
-    yield server
-    server.stop()
 
 
 def _pod(name: str, gpus: int) -> str:

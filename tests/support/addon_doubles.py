@@ -5,7 +5,8 @@ lab's air-gapped mirror exactly as `gpuboot mirror import` brings the real ones 
   release matrix's chart version and stored as Helm stores a chart in a registry.
 - Images: every image the mirror plan lists for the cluster's GPU Operator and for validate,
   each a double (Debian's static busybox, `sleep` as entrypoint, a `nvidia-smi` that says it
-  is a double, and an `agnhost` whose netexec serves HTTP and whose connect dials it).
+  is a double, and an `agnhost` whose netexec serves HTTP and whose connect dials it), except
+  those the lab bundle already holds for real (agnhost, built from Kubernetes' source).
   Nothing else is added: an operand whose image the plan missed cannot be pulled in the lab."""
 from __future__ import annotations
 
@@ -57,7 +58,9 @@ def _tar(entries: list[tuple[str, bytes, int]]) -> bytes:
 
 def double_image(bundle: Bundle, ref: str, busybox: bytes) -> Artifact:
     base = _tar([("bin/busybox", busybox, 0o755), ("bin/sh", busybox, 0o755), ("usr/bin/agnhost", AGNHOST, 0o755)])
-    return image_artifact(bundle, ref, "usr/bin/nvidia-smi", NVIDIA_SMI, ["/bin/busybox", "sleep", "2147483647"], base)
+    # As the real images: agnhost's runs agnhost, an operand's runs until stopped.
+    entrypoint = ["/usr/bin/agnhost"] if ref.split(":")[0].endswith("/agnhost") else ["/bin/busybox", "sleep", "2147483647"]
+    return image_artifact(bundle, ref, "usr/bin/nvidia-smi", NVIDIA_SMI, entrypoint, base)
 
 
 def package_chart(helm: Path, name: str, version: str, out: Path) -> bytes:
@@ -77,7 +80,8 @@ def add_to_bundle(bundle_dir: Path, inventory: Path, helm: Path, components: tup
     bundle = Bundle(bundle_dir)
     name, artifacts = bundle.read_manifest()
     busybox = busybox_binaries(IMAGE_CACHE)["amd64"]
-    added = [double_image(bundle, str(image.ref), busybox) for image in plan.images]
+    present = {a.ref for a in artifacts}  # real ones the lab built (agnhost) win over doubles
+    added = [double_image(bundle, str(image.ref), busybox) for image in plan.images if str(image.ref) not in present]
     with tempfile.TemporaryDirectory() as tmp:
         for chart in plan.charts:
             archive = package_chart(helm, chart.name, chart.version, Path(tmp))

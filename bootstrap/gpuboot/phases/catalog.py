@@ -61,6 +61,11 @@ class Phase:
     # A read-only phase (preflight) leaves nothing on the hosts: it runs whenever a later
     # phase of the same run does.
     read_only: bool = False
+    # Why the phase has nothing to do for this cluster (skipped, pulls nothing), or None.
+    idle_when: Callable[[Cluster], str | None] = field(default=lambda cluster: None, compare=False)
+
+    def idle(self, cluster: Cluster) -> str | None:
+        return self.idle_when(cluster)
 
     def result_for(self, settings: GpubootSettings) -> Result:
         return self.result(settings) if callable(self.result) else self.result
@@ -122,6 +127,8 @@ class Phase:
         return self.unbuilt(settings)
 
     def pulls_for(self, cluster: Cluster) -> tuple[str, ...]:
+        if self.idle(cluster):
+            return ()
         # The bridge CNI is plugins from a package; only Calico pulls images.
         if cluster.settings.networking.cni != "calico":
             return tuple(c for c in self.pulls if c != "calico")
@@ -133,6 +140,14 @@ def _cni_result(settings: GpubootSettings) -> Result:
     if settings.networking.cni == "calico":
         return Result(present=("/etc/cni/net.d/10-calico.conflist",), services=("kubelet",))
     return Result(files=("/etc/cni/net.d/10-gpuboot-bridge.conflist",), services=("kubelet", "gpuboot-pod-routes"))
+
+
+def _no_nics(cluster: Cluster) -> str | None:
+    return None if any(n.settings.nics for n in cluster.nodes) else "no node declares RDMA or SR-IOV NICs"
+
+
+def _no_gitops(cluster: Cluster) -> str | None:
+    return None if cluster.settings.gitops else "gpuboot.gitops is not set"
 
 
 def _endpoint_unbuilt(settings: GpubootSettings) -> str | None:
@@ -166,10 +181,12 @@ UP: tuple[Phase, ...] = (
     # What gpuboot applies lives on the first control plane; the objects live in the cluster.
     Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml",
           Result(files=("/etc/gpuboot/addons/gpu-operator/*.yaml",)), pulls=("gpu_operator",)),
-    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", pulls=("network_operator",)),
+    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", pulls=("network_operator",),
+          idle_when=_no_nics),
     # The gate: it only reads (its smoke pods are deleted), so it runs whenever `up` reaches it.
     Phase("validate", "Cluster validation", "validate.yml", pulls=("validate", "gpu_operator"), read_only=True),
-    Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", pulls=("argocd",)),
+    Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", pulls=("argocd",),
+          idle_when=_no_gitops),
 )
 
 CATALOGS = {"up": UP}

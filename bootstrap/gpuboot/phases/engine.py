@@ -194,8 +194,11 @@ class Engine:
         decision: dict[str, tuple[bool, str]] = {}
         for phase in phases:
             previous = record.get(phase.name, {})
+            idle = phase.idle(self.cluster)
             if not hosts[phase.name]:
                 decision[phase.name] = (True, f"no hosts in {phase.hosts}")
+            elif idle:
+                decision[phase.name] = (True, f"nothing to do: {idle}")
             elif self.options.force:
                 decision[phase.name] = (False, "--force")
             elif self.options.check or probe is None:

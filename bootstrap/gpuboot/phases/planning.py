@@ -21,6 +21,8 @@ def describe(cluster: Cluster, phases: list[Phase], state: ClusterState) -> list
             action = f"not reached: up stops at {stopped}"
         elif not hosts:
             action = f"skipped: no hosts in {phase.hosts}"
+        elif phase.idle(cluster):
+            action = f"skipped: nothing to do ({phase.idle(cluster)})"
         elif stops:
             action = f"stops: {stops}"
             stopped = phase.name

@@ -1,0 +1,86 @@
+"""The validation gate's judgement (playbooks/library/gpuboot_cluster_check.py) on API objects
+shaped as the API server returns them: resources compared exactly, the reason a pod gives,
+Calico's conditions, and the report's rows. The lab test runs it against a real cluster."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gpuboot_cluster_check", ROOT / "playbooks" / "library" /
+                                               "gpuboot_cluster_check.py")
+check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check)
+
+
+def node(name: str, allocatable: dict[str, str]) -> dict:
+    return {"metadata": {"name": name, "labels": {}},
+            "status": {"allocatable": {"cpu": "8", **allocatable}, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_resources_must_equal_what_the_inventory_implies():
+    nodes = {"gpu1": node("gpu1", {"nvidia.com/gpu": "8"}),
+             "gpu2": node("gpu2", {"nvidia.com/mig-1g.10gb": "7"}),
+             "gpu3": node("gpu3", {})}
+    rows = check.check_resources(nodes, {
+        "gpu1": {"resources": {"nvidia.com/gpu": 8}},
+        "gpu2": {"resources": {"nvidia.com/mig-1g.10gb": 14}},
+        "gpu3": {"resources": None},
+        "gpu4": {"resources": {"nvidia.com/gpu": 1}}})
+    by = {r["node"]: r for r in rows}
+    assert by["gpu1"]["ok"] and by["gpu1"]["got"] == "nvidia.com/gpu=8"
+    assert not by["gpu2"]["ok"] and by["gpu2"]["want"] == "nvidia.com/mig-1g.10gb=14"
+    assert not by["gpu3"]["ok"] and "no GPU resource" in by["gpu3"]["reason"]
+    assert not by["gpu4"]["ok"] and by["gpu4"]["got"] == "no such node"
+
+
+def test_a_pod_problem_is_said_in_its_containers_words_or_the_schedulers():
+    crashing = {"status": {"phase": "Running", "containerStatuses": [{"ready": False, "state": {"waiting": {
+        "reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}}}]}}
+    assert check.pod_problem(crashing).startswith("CrashLoopBackOff: back-off")
+    pulling = {"status": {"phase": "Pending", "containerStatuses": [{"ready": False, "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": 'Back-off pulling image "nvcr.io/nvidia/x:1"'}}}]}}
+    assert "ImagePullBackOff" in check.pod_problem(pulling) and "nvcr.io/nvidia/x:1" in check.pod_problem(pulling)
+    pending = {"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                              "reason": "Unschedulable",
+                                                              "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}}
+    assert check.pod_problem(pending) == "Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+
+
+class FakeKube:
+    """Answers `get` from a table, as the API server would (a unit-test stand-in for kubectl)."""
+
+    def __init__(self, answers: dict[tuple[str, ...], dict | None]) -> None:
+        self.answers = answers
+
+    def get(self, *args: str):
+        return self.answers.get(args)
+
+
+def test_operator_rows_name_the_policy_state_and_each_unready_operand_per_node():
+    pods = {"items": [
+        {"metadata": {"name": "nvidia-device-plugin-daemonset-x1", "labels": {"app": "nvidia-device-plugin-daemonset"}},
+         "spec": {"nodeName": "gpu2"},
+         "status": {"phase": "Running", "containerStatuses": [{"ready": False, "state": {"terminated": {
+             "reason": "Error", "message": "cannot open /dev/nvidia0"}}}]}},
+        {"metadata": {"name": "gpu-feature-discovery-y", "labels": {"app": "gpu-feature-discovery"}},
+         "spec": {"nodeName": "gpu1"}, "status": {"phase": "Running", "containerStatuses": [{"ready": True}]}}]}
+    kube = FakeKube({("clusterpolicies.nvidia.com", "cluster-policy"): {"status": {"state": "notReady"}},
+                     ("pods", "-n", "gpu-operator"): pods})
+    rows = check.check_operator(kube, "gpu-operator", {"gpu1": {}, "gpu2": {}})
+    assert [(r["node"], r["check"], r["ok"]) for r in rows] == [
+        ("-", "ClusterPolicy", False), ("gpu2", "operand nvidia-device-plugin-daemonset", False)]
+    assert rows[1]["reason"] == "nvidia-device-plugin-daemonset-x1: Error: cannot open /dev/nvidia0"
+
+
+def test_calico_rows_say_which_component_is_not_available_and_why():
+    statuses = {"items": [
+        {"metadata": {"name": "calico"}, "status": {"conditions": [
+            {"type": "Available", "status": "False"},
+            {"type": "Degraded", "status": "True", "reason": "ResourceNotReady",
+             "message": "IP pool 10.250.0.0/16 is not within the cluster's pod CIDR"}]}},
+        {"metadata": {"name": "apiserver"}, "status": {"conditions": [{"type": "Available", "status": "True"}]}}]}
+    rows = check.check_calico(FakeKube({("tigerastatuses.operator.tigera.io",): statuses}))
+    assert [(r["check"], r["ok"]) for r in rows] == [("Calico calico", False), ("Calico apiserver", True)]
+    assert rows[0]["reason"].startswith("ResourceNotReady: IP pool")
+    assert check.check_calico(FakeKube({}))[0]["reason"] == "the tigera-operator reports no component"
