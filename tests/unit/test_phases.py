@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,28 @@ def test_host_patterns_resolve_like_ansible():
     assert cluster.hosts_matching("control_plane[0]") == ["cp01"]
     assert cluster.hosts_matching("control_plane[1:]") == ["cp02", "cp03"]
     assert cluster.hosts_matching("control_plane:workers") == ["cp01", "cp02", "cp03", "cpu01", "gpu01", "gpu02"]
+
+
+def test_phases_with_nothing_to_do_are_skipped_and_pull_nothing(tmp_path):
+    # The sample has GPU workers, NICs and gitops: every add-on phase has work.
+    sample = load_cluster(ROOT / "inventories" / "sample" / "inventory.yml")
+    by = {p.name: p for p in UP}
+    assert all(by[name].idle(sample) is None for name in ("gpu_operator", "network_operator", "gitops_handoff"))
+    # The same site without GPU workers, NICs and gitops: those phases are idle and pull nothing.
+    shutil.copytree(ROOT / "inventories" / "sample", tmp_path / "site")
+    inventory = tmp_path / "site" / "inventory.yml"
+    data = yaml.safe_load(inventory.read_text())
+    workers = data["all"]["children"]["workers"]
+    workers.pop("children", None)
+    workers["hosts"] = {"cpu01": {"ansible_host": "10.20.0.50"}}
+    inventory.write_text(yaml.safe_dump(data))
+    settings = tmp_path / "site" / "group_vars" / "all.yml"
+    text = yaml.safe_load(settings.read_text())
+    text["gpuboot"].pop("gitops", None)
+    text["gpuboot"].pop("tenants", None)
+    settings.write_text(yaml.safe_dump(text))
+    cluster = load_cluster(inventory)
+    assert by["gpu_operator"].idle(cluster) == "the inventory has no gpu_workers"
+    assert by["network_operator"].idle(cluster) == "no node declares RDMA or SR-IOV NICs"
+    assert by["gitops_handoff"].idle(cluster) == "gpuboot.gitops is not set"
+    assert by["gpu_operator"].pulls_for(cluster) == () and by["validate"].pulls_for(cluster) == ("validate",)

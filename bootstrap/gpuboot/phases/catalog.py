@@ -142,6 +142,10 @@ def _cni_result(settings: GpubootSettings) -> Result:
     return Result(files=("/etc/cni/net.d/10-gpuboot-bridge.conflist",), services=("kubelet", "gpuboot-pod-routes"))
 
 
+def _no_gpus(cluster: Cluster) -> str | None:
+    return None if cluster.in_group("gpu_workers") else "the inventory has no gpu_workers"
+
+
 def _no_nics(cluster: Cluster) -> str | None:
     return None if any(n.settings.nics for n in cluster.nodes) else "no node declares RDMA or SR-IOV NICs"
 
@@ -180,11 +184,11 @@ UP: tuple[Phase, ...] = (
     Phase("cni", "Pod network (Calico, or bridge)", "cni.yml", _cni_result, pulls=("calico",)),
     # What gpuboot applies lives on the first control plane; the objects live in the cluster.
     Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml",
-          Result(files=("/etc/gpuboot/addons/gpu-operator/*.yaml",)), pulls=("gpu_operator",)),
+          Result(files=("/etc/gpuboot/addons/gpu-operator/*.yaml",)), pulls=("gpu_operator",), idle_when=_no_gpus),
     Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", pulls=("network_operator",),
           idle_when=_no_nics),
     # The gate: it only reads (its smoke pods are deleted), so it runs whenever `up` reaches it.
-    Phase("validate", "Cluster validation", "validate.yml", pulls=("validate", "gpu_operator"), read_only=True),
+    Phase("validate", "Cluster validation", "validate.yml", pulls=("validate",), read_only=True),
     Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", pulls=("argocd",),
           idle_when=_no_gitops),
 )
