@@ -78,7 +78,8 @@ class LabBundle:
     not_built: list[str]
 
 
-def _tar(entries: list[tuple[str, bytes, int]]) -> bytes:
+def layer_tar(entries: list[tuple[str, bytes, int]]) -> bytes:
+    """An uncompressed layer: (path, content, mode) entries with time 0 (reproducible digests)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, data, mode in entries:
@@ -92,7 +93,7 @@ def image_artifact(bundle: Bundle, ref: str, path_in_image: str, binary: bytes,
                    entrypoint: list[str] | None, base: bytes | None = None) -> Artifact:
     """An amd64 image: the binary at its path with PATH set, over an optional base layer
     (a tar: kube-proxy's iptables from Debian packages)."""
-    layer_tars = ([base] if base else []) + [_tar([(path_in_image, binary, 0o755)])]
+    layer_tars = ([base] if base else []) + [layer_tar([(path_in_image, binary, 0o755)])]
     layers = [bundle.store(gzip.compress(t, compresslevel=1, mtime=0)) for t in layer_tars]
     config_doc = {"architecture": "amd64", "os": "linux",
                   "config": {"Env": [PATH_ENV], **({"Entrypoint": entrypoint} if entrypoint else {})},

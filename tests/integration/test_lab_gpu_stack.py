@@ -139,8 +139,9 @@ def test_gpu_operator_installs_from_the_mirror_and_the_nodes_advertise_what_the_
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     # No Helm release: the objects were applied by gpuboot, as Argo CD will declare them.
     assert "helm.sh/release.v1" not in kubectl(info, "get", "secrets", "-n", "gpu-operator", "-o", "yaml")
-    managers = {m["manager"] for m in policy["metadata"]["managedFields"]}
-    assert "gpuboot" in managers
+    shown = json.loads(kubectl(info, "get", "clusterpolicies.nvidia.com", "cluster-policy", "-o", "json",
+                               "--show-managed-fields"))
+    assert "gpuboot" in {m["manager"] for m in shown["metadata"]["managedFields"]}
 
     # Every operand pod runs on both GPU nodes, pulled through the mirror by containerd, and
     # only images the mirror plan listed exist there to be pulled.

@@ -10,9 +10,7 @@ lab's air-gapped mirror exactly as `gpuboot mirror import` brings the real ones 
   Nothing else is added: an operand whose image the plan missed cannot be pulled in the lab."""
 from __future__ import annotations
 
-import io
 import subprocess
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from gpuboot.mirror import plan as mirror_plan
 from gpuboot.mirror.bundle import Artifact, Bundle
 from gpuboot.mirror.plan import PlannedChart
 from gpuboot.mirror.pull import chart_artifact
-from gpuboot_lab.artifacts import image_artifact
+from gpuboot_lab.artifacts import image_artifact, layer_tar
 from tests.support.mirror_fixture import IMAGE_CACHE
 from tests.support.oci_layout import busybox_binaries
 
@@ -46,18 +44,8 @@ esac
 """
 
 
-def _tar(entries: list[tuple[str, bytes, int]]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data, mode in entries:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), mode, 0
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 def double_image(bundle: Bundle, ref: str, busybox: bytes) -> Artifact:
-    base = _tar([("bin/busybox", busybox, 0o755), ("bin/sh", busybox, 0o755), ("usr/bin/agnhost", AGNHOST, 0o755)])
+    base = layer_tar([("bin/busybox", busybox, 0o755), ("bin/sh", busybox, 0o755), ("usr/bin/agnhost", AGNHOST, 0o755)])
     # As the real images: agnhost's runs agnhost, an operand's runs until stopped.
     entrypoint = ["/usr/bin/agnhost"] if ref.split(":")[0].endswith("/agnhost") else ["/bin/busybox", "sleep", "2147483647"]
     return image_artifact(bundle, ref, "usr/bin/nvidia-smi", NVIDIA_SMI, entrypoint, base)
