@@ -78,10 +78,11 @@ def edit_inventory(src: Path, dest: Path, change) -> Path:
     return dest
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def api(tmp_path_factory):
     """A real API server (etcd + kube-apiserver of the matrix's newest Kubernetes, built from
-    Go modules) on loopback, for API-level tests."""
+    Go modules) on loopback, for API-level tests; one per session, so tests keep to their own
+    namespaces and apply (not create) what others may have made."""
     missing = [tool for tool in ("go", ETCD) if shutil.which(tool) is None]
     if missing:
         if os.environ.get("GPUBOOT_REQUIRE_LAB") == "1":

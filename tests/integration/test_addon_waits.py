@@ -64,7 +64,8 @@ def test_calico_wait_passes_when_available_and_names_the_degraded_component(api,
 def test_gpu_operator_wait_passes_when_ready_and_names_the_state_otherwise(api, tmp_path):
     api.kubectl("apply", "--server-side", "-f", str(CRDS / "gpu-operator" / "crds" / "nvidia.com_clusterpolicies.yaml"))
     api.kubectl("wait", "--for=condition=Established", "crd/clusterpolicies.nvidia.com")
-    api.kubectl("create", "namespace", "gpu-operator")
+    api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                                                       "metadata": {"name": "gpu-operator"}}))
     api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
                                                        "metadata": {"name": "cluster-policy"}, "spec": {}}))
     variables = {"gpu_operator_kubeconfig": str(api.kubeconfig), "gpu_operator_ready_timeout": 5}

@@ -63,7 +63,7 @@ def gpu_cluster(lab, tmp_path, monkeypatch, capsys):
         settings["gpu_operator"] = {"mig_strategy": "mixed"}
         settings["tools"] = {"helm": str(helm)}
         # A broken operand must be reported within the test's patience, not the product's 15 min.
-        data["all"]["vars"]["gpu_operator_ready_timeout"] = 120
+        data["all"]["vars"]["gpu_operator_ready_timeout"] = 40
         inventory.write_text(yaml.safe_dump(data, sort_keys=False))
         host_vars = inventory.parent / "host_vars"
         host_vars.mkdir()
