@@ -161,3 +161,22 @@ def test_check_mode_never_records_or_skips(cluster, tmp_path):
     assert finished.phases_run == ["preflight", "os_prep"]
     assert all(call.check for call in runner.calls[-2:])
     assert not any(c.ident.startswith("state-") for c in runner.calls[-2:])  # check mode asks no host
+
+
+def test_the_gate_runs_on_every_run_and_does_not_make_preflight_run(cluster, tmp_path):
+    phases = [p for p in UP if p.name in ("preflight", "os_prep", "validate")]
+    runner = RunnerDouble()
+    state = ClusterState.for_cluster(tmp_path, cluster.settings.cluster_name)
+
+    def once():
+        events = []
+        finished = Engine(cluster, state, RunOptions(), events.append, runner=runner).run(phases)
+        return finished, events
+
+    first, _ = once()
+    assert first.phases_run == ["preflight", "os_prep", "validate"]
+    again, events = once()
+    # os_prep is converged, so preflight has nothing to guard; the gate checks the cluster anyway.
+    assert again.phases_run == ["validate"]
+    started = next(e for e in events if isinstance(e, PhaseStarted) and e.phase == "validate")
+    assert started.reason == "a gate: it checks the cluster on every run"

@@ -61,6 +61,9 @@ class Phase:
     # A read-only phase (preflight) leaves nothing on the hosts: it runs whenever a later
     # phase of the same run does.
     read_only: bool = False
+    # A gate (validate) changes nothing and checks the whole cluster: it runs on every run
+    # that reaches it, and does not make preflight run.
+    gate: bool = False
     # Why the phase has nothing to do for this cluster (skipped, pulls nothing), or None.
     idle_when: Callable[[Cluster], str | None] = field(default=lambda cluster: None, compare=False)
 
@@ -188,7 +191,7 @@ UP: tuple[Phase, ...] = (
     Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", pulls=("network_operator",),
           idle_when=_no_nics),
     # The gate: it only reads (its smoke pods are deleted), so it runs whenever `up` reaches it.
-    Phase("validate", "Cluster validation", "validate.yml", pulls=("validate",), read_only=True),
+    Phase("validate", "Cluster validation", "validate.yml", pulls=("validate",), gate=True),
     Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", pulls=("argocd",),
           idle_when=_no_gitops),
 )

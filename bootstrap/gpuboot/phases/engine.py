@@ -203,8 +203,10 @@ class Engine:
                 decision[phase.name] = (False, "--force")
             elif self.options.check or probe is None:
                 decision[phase.name] = (False, "")
+            elif phase.gate:
+                decision[phase.name] = (False, "a gate: it checks the cluster on every run")
             elif phase.read_only:
-                decision[phase.name] = (False, "it only reads, so it runs every time")
+                decision[phase.name] = (False, "it checks the hosts before anything changes")
             elif previous.get("status") != "ok":
                 decision[phase.name] = (False, "it has not succeeded yet" if not previous else "it failed last time")
             elif previous.get("fingerprint") != digests[phase.name]:
@@ -215,7 +217,7 @@ class Engine:
                     if ok else (False, why)
         # A read-only phase (preflight) runs when a later phase of this run does.
         for index, phase in enumerate(phases):
-            later = [p for p in phases[index + 1:] if not p.read_only]
+            later = [p for p in phases[index + 1:] if not p.read_only and not p.gate]
             if phase.read_only and probe is not None and not self.options.force and later \
                     and all(decision[p.name][0] for p in later):
                 decision[phase.name] = (True, "every later phase is converged")
