@@ -94,3 +94,9 @@ class MirrorError(GpubootError):
     """The air-gap mirror or a bundle cannot be planned, pulled, imported or verified."""
 
     exit_code = 6
+
+
+class UpgradeRefused(GpubootError):
+    """An upgrade that must not start (path, skew, health, mirror): nothing was changed."""
+
+    exit_code = 7

@@ -52,6 +52,8 @@ class Release(BaseModel):
     # Per component: a list, or a mapping from the chart value that deploys each image.
     images: dict[str, list[str] | dict[str, str]] = {}
     runtime_images: list[RuntimeImage] = []
+    # Releases with a tested upgrade path to this one (`gpuboot upgrade --to <this>`).
+    upgrades_from: list[str] = []
 
     @property
     def supported_os(self) -> list[str]:

@@ -30,7 +30,7 @@ from gpuboot.mirror.packages import DEB
 from gpuboot.mirror.refs import parse_image
 from gpuboot_lab.debroot import rootfs_tar
 from gpuboot_lab.errors import LabError
-from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
+from gpuboot_lab.kubernetes import COMPANION_COMMANDS, KubernetesBuild, matrix_versions
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 PATH_ENV = "PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -90,10 +90,15 @@ def layer_tar(entries: list[tuple[str, bytes, int]]) -> bytes:
 
 
 def image_artifact(bundle: Bundle, ref: str, path_in_image: str, binary: bytes,
-                   entrypoint: list[str] | None, base: bytes | None = None) -> Artifact:
-    """An amd64 image: the binary at its path with PATH set, over an optional base layer
-    (a tar: kube-proxy's iptables from Debian packages)."""
-    layer_tars = ([base] if base else []) + [layer_tar([(path_in_image, binary, 0o755)])]
+                   entrypoint: list[str] | None, base: bytes | None = None,
+                   companions: dict[str, bytes] | None = None) -> Artifact:
+    """An amd64 image: the binary at its path with PATH set (and companion binaries beside it:
+    etcd's etcdctl and etcdutl), over an optional base layer (a tar: kube-proxy's iptables from
+    Debian packages)."""
+    folder = path_in_image.rsplit("/", 1)[0] + "/" if "/" in path_in_image else ""
+    entries = [(path_in_image, binary, 0o755)] + [(folder + name, data, 0o755)
+                                                  for name, data in sorted((companions or {}).items())]
+    layer_tars = ([base] if base else []) + [layer_tar(entries)]
     layers = [bundle.store(gzip.compress(t, compresslevel=1, mtime=0)) for t in layer_tars]
     config_doc = {"architecture": "amd64", "os": "linux",
                   "config": {"Env": [PATH_ENV], **({"Entrypoint": entrypoint} if entrypoint else {})},
@@ -163,8 +168,10 @@ def write(version: str | None, out: Path, log: Callable[[str], None] = print) ->
             not_built.append(f"{ref} (not on this machine's Go module proxy at that version)")
             continue
         path_in_image, entrypoint = IMAGE_BINARIES[short]
+        companions: dict[str, bytes] = {}
         if short in lab_build:  # etcd, coredns: built at the matrix's lab_build version
             binary = builder.companion_dir(version, short) / short
+            companions = {command: (binary.parent / command).read_bytes() for command in COMPANION_COMMANDS.get(short, {})}
             if parse_image(ref).tag != lab_build[short]["image_tag"]:
                 raise LabError(f"kubeadm wants {ref} but lab_build.{short}.image_tag is "
                                f"{lab_build[short]['image_tag']}",
@@ -174,7 +181,7 @@ def write(version: str | None, out: Path, log: Callable[[str], None] = print) ->
         log(f"image {ref}")
         base = (rootfs_tar(KUBE_PROXY_PACKAGES, builder.cache_dir / "debroot", KUBE_PROXY_LINKS)
                 if short == "kube-proxy" else None)
-        artifacts.append(image_artifact(bundle, ref, path_in_image, binary.read_bytes(), entrypoint, base))
+        artifacts.append(image_artifact(bundle, ref, path_in_image, binary.read_bytes(), entrypoint, base, companions))
     # validate's probe image: agnhost built from k8s.io/kubernetes at this version, under the
     # name the matrix gives it (its own version number may differ from that tag).
     for ref in (release.images or {}).get("validate") or []:

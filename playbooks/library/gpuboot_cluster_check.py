@@ -27,35 +27,14 @@ options:
   timeout: {type: int, default: 180, description: Seconds each Job or probe may take.}
 """
 
-import json
 import re
-import subprocess
 import time
 import uuid
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpuboot_kube import Kube, pod_problem, pod_ready
 
 RUN_LABEL = "gpuboot.io/validate"
-
-
-class Kube:
-    def __init__(self, kubeconfig):
-        self.kubeconfig = kubeconfig
-
-    def run(self, *args, stdin=None):
-        proc = subprocess.run(["kubectl", "--kubeconfig", self.kubeconfig, "--request-timeout=20s", *args],
-                              input=stdin, capture_output=True, text=True, timeout=60)
-        return proc.returncode, proc.stdout, proc.stderr
-
-    def get(self, *args):
-        rc, out, _ = self.run("get", *args, "-o", "json")
-        return json.loads(out) if rc == 0 else None
-
-    def create(self, obj):
-        rc, out, err = self.run("create", "-f", "-", "-o", "json", stdin=json.dumps(obj))
-        if rc != 0:
-            raise RuntimeError(err.strip())
-        return json.loads(out)
 
 
 def _dns(text):
@@ -68,20 +47,6 @@ def row(node, check, want, got, ok, reason=""):
 
 def _fmt(resources):
     return ", ".join(f"{k}={v}" for k, v in sorted(resources.items())) or "none"
-
-
-def pod_problem(pod):
-    """Why a pod is not ready, in the words of its containers or the scheduler."""
-    statuses = pod["status"].get("containerStatuses", []) + pod["status"].get("initContainerStatuses", [])
-    for status in statuses:
-        state = status.get("state", {})
-        for key in ("waiting", "terminated"):
-            if key in state and state[key].get("reason") not in (None, "Completed"):
-                return f"{state[key].get('reason')}: {state[key].get('message', '').strip()}".strip(": ")
-    for condition in pod["status"].get("conditions", []):
-        if condition.get("status") == "False" and condition.get("message"):
-            return f"{condition.get('reason', '')}: {condition['message']}".strip(": ")
-    return pod["status"].get("phase", "Unknown")
 
 
 def check_resources(nodes, gpu_nodes):
@@ -115,8 +80,7 @@ def check_operator(kube, namespace, gpu_nodes):
         node = pod["spec"].get("nodeName", "(not scheduled)")
         if gpu_nodes and node not in gpu_nodes and node != "(not scheduled)":
             continue
-        statuses = pod["status"].get("containerStatuses", [])
-        ready = pod["status"].get("phase") == "Succeeded" or (statuses and all(s.get("ready") for s in statuses))
+        ready = pod["status"].get("phase") == "Succeeded" or pod_ready(pod)
         if not ready:
             app = pod["metadata"].get("labels", {}).get("app", pod["metadata"]["name"])
             rows.append(row(node, f"operand {app}", "Ready", pod["status"].get("phase", "?"), False,

@@ -3,14 +3,9 @@ shaped as the API server returns them: resources compared exactly, the reason a 
 Calico's conditions, and the report's rows. The lab test runs it against a real cluster."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from tests.support.modules import load_module
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("gpuboot_cluster_check", ROOT / "playbooks" / "library" /
-                                               "gpuboot_cluster_check.py")
-check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check)
+check = load_module("gpuboot_cluster_check")
 
 
 def node(name: str, allocatable: dict[str, str]) -> dict:

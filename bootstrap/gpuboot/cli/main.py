@@ -174,7 +174,8 @@ def _mirror_preflight(app: App, cluster, phases, skip: bool) -> None:
 
 
 def _run(app: App, cluster, phases, output: str, *, check: bool, diff: bool, force: bool,
-         host_key_checking: bool, command: str, verbosity: int = 0) -> None:
+         host_key_checking: bool, command: str, verbosity: int = 0, extravars: dict | None = None,
+         resume_hint: str | None = None) -> None:
     from gpuboot.phases.engine import Engine, RunOptions, raise_for
     from gpuboot.ui.console import ConsoleProgress, JsonLines
     if not host_key_checking:
@@ -183,7 +184,8 @@ def _run(app: App, cluster, phases, output: str, *, check: bool, diff: bool, for
     sink = JsonLines() if output == "json" else ConsoleProgress(app.console)
     state = app.cluster_state(cluster)
     options = RunOptions(command=command, check=check, diff=diff, force=force,
-                         host_key_checking=host_key_checking, verbosity=verbosity)
+                         host_key_checking=host_key_checking, verbosity=verbosity, extravars=extravars or {},
+                         **({"resume_hint": resume_hint} if resume_hint else {}))
     finished = Engine(cluster, state, options, sink).run(phases)
     raise_for(finished)
 
@@ -273,6 +275,7 @@ def _add_plugin_commands() -> None:
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code: the one place typed errors become codes."""
+    import gpuboot.cli.day2  # noqa: F401  (registers `gpuboot upgrade`)
     import gpuboot.cli.mirror  # noqa: F401  (registers `gpuboot mirror`)
     _add_plugin_commands()
     args = list(sys.argv[1:] if argv is None else argv)

@@ -308,6 +308,12 @@ class Cluster(BaseModel):
     def attach_inventory(self, inventory: Any) -> None:
         self._inventory = inventory
 
+    def at_release(self, release: str) -> Cluster:
+        """The same cluster with another release of the matrix (gpuboot upgrade's target)."""
+        moved = self.model_copy(update={"settings": self.settings.model_copy(update={"release": release})})
+        moved.attach_inventory(self._inventory)
+        return moved
+
     def hosts_matching(self, pattern: str) -> list[str]:
         """Hosts of an Ansible pattern, in inventory order, as ansible-playbook resolves it."""
         if self._inventory is None:

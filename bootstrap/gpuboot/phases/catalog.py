@@ -196,7 +196,18 @@ UP: tuple[Phase, ...] = (
           idle_when=_no_gitops),
 )
 
-CATALOGS = {"up": UP}
+# `gpuboot upgrade`: every phase runs on every upgrade run (each node step skips a node that is
+# already at the target), so a re-run with --resume continues where a run stopped.
+UPGRADE: tuple[Phase, ...] = (
+    Phase("upgrade_preflight", "Upgrade checks", "upgrade_preflight.yml", read_only=True),
+    Phase("etcd_snapshot", "etcd snapshot", "etcd_snapshot.yml"),
+    Phase("upgrade_control_planes", "Control planes, one at a time", "upgrade_control_planes.yml",
+          pulls=("kubernetes",), installs_packages=True),
+    Phase("upgrade_workers", "Workers: canary, then batches", "upgrade_workers.yml",
+          pulls=("kubernetes",), installs_packages=True),
+)
+
+CATALOGS = {"up": UP, "upgrade": UPGRADE}
 
 
 def by_name(catalog: tuple[Phase, ...]) -> dict[str, Phase]:

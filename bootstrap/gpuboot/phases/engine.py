@@ -41,6 +41,8 @@ class RunOptions:
     host_key_checking: bool = True
     verbosity: int = 0
     resume_hint: str = "gpuboot up {inventory} --from {phase}"
+    # The command's own data for its playbooks (gpuboot upgrade's plan), beside the settings.
+    extravars: dict = field(default_factory=dict)
 
 
 def ssh_defaults(cluster: Cluster) -> dict[str, str]:
@@ -103,7 +105,7 @@ class Engine:
             extravars={**self.cluster.extravars(), "gpuboot_run_id": run_id,
                        # The admin kubeconfig (0600) lives beside the cluster's state.
                        "gpuboot_kubeconfig": str(self.state.root / "admin.conf"),
-                       **extra},
+                       **self.options.extravars, **extra},
             envvars=self._envvars(run_dir),
             forks=forks_for(self.cluster),
             check=self.options.check,

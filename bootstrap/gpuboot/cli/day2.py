@@ -1,0 +1,73 @@
+"""Day-2 commands: `gpuboot upgrade`."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from gpuboot.cli.main import App, _mirror_preflight, _run, cli, inventory_arg, pass_app
+from gpuboot.config.loader import load_cluster
+from gpuboot.phases.catalog import UPGRADE
+from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_GATE_TIMEOUT, plan_upgrade
+
+
+@cli.command()
+@inventory_arg
+@click.option("--to", "to_release", required=True, metavar="RELEASE",
+              help="The release of the version matrix to upgrade to (e.g. k8s-1.35).")
+@click.option("--plan", "show_plan", is_flag=True, help="Print every step in order, per node; touch nothing.")
+@click.option("--canary", type=int, default=1, show_default=True, help="Workers upgraded first, on their own.")
+@click.option("--batch", default="20%", show_default=True, help="Workers per batch after the canary: N or N%.")
+@click.option("--resume", is_flag=True, help="Continue an upgrade that stopped (nodes already upgraded are gated only).")
+@click.option("--drain-timeout", type=int, default=DEFAULT_DRAIN_TIMEOUT, show_default=True,
+              help="Seconds a node's drain may take before the node is uncordoned and the run stops.")
+@click.option("--gate-timeout", type=int, default=DEFAULT_GATE_TIMEOUT, show_default=True,
+              help="Seconds an upgraded node has to pass its gate.")
+@click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
+@click.option("--skip-mirror-check", is_flag=True, help="Do not check that the mirror holds the target release (logged).")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text")
+@pass_app
+def upgrade(app: App, inventory: str, to_release: str, show_plan: bool, canary: int, batch: str, resume: bool,
+            drain_timeout: int, gate_timeout: int, insecure_skip_host_key_check: bool, skip_mirror_check: bool,
+            output: str) -> None:
+    """Upgrade the cluster's Kubernetes to another release of the matrix: an etcd snapshot, the
+    control planes one at a time, then the workers (canary, batches), each node gated."""
+    cluster = load_cluster(inventory, check_files=not show_plan)
+    plan = plan_upgrade(cluster, to_release, canary=canary, batch=batch, drain_timeout=drain_timeout,
+                        gate_timeout=gate_timeout, resume=resume)
+    if show_plan:
+        _print_plan(app, plan, output)
+        return
+    target = cluster.at_release(plan.to_release)
+    _mirror_preflight(app, target, UPGRADE, skip_mirror_check)
+    state = app.cluster_state(cluster)
+    _run(app, target, list(UPGRADE), output, check=False, diff=False, force=True,
+         host_key_checking=not insecure_skip_host_key_check, command="upgrade",
+         extravars={"gpuboot_upgrade": plan.as_data(),
+                    "gpuboot_etcd_snapshot_dir": str(state.root / "etcd-snapshots")},
+         resume_hint=f"gpuboot upgrade {inventory} --to {to_release} --resume")
+    message = (f"cluster {plan.cluster} runs {plan.to_version}. Now set gpuboot.release: {plan.to_release} in "
+               f"{inventory}: until then `gpuboot up` refuses to run (it would move the packages back).")
+    if output == "json":
+        click.echo(json.dumps({"event": "UpgradeFinished", "version": plan.to_version, "release": plan.to_release,
+                               "next": message}))
+    else:
+        app.console.print(f"[green]upgraded[/]: {message}")
+
+
+def _print_plan(app: App, plan, output: str) -> None:
+    steps = plan.steps()
+    if output == "json":
+        click.echo(json.dumps({"upgrade": plan.as_data(), "node_steps": plan.node_steps(),
+                               "steps": [vars(s) for s in steps]}, indent=2))
+        return
+    out = app.console.out  # plain text: node names and labels are not markup
+    out(f"upgrade of cluster {plan.cluster}: {plan.from_release} ({plan.from_version}) -> {plan.to_release} "
+        f"({plan.to_version}), in this order:")
+    width = max(len(s.node) for s in steps)
+    for index, step in enumerate(steps, 1):
+        out(f"{index:4}. {step.node:{width}}  {step.stage:13}  {step.action}")
+    out("each node from the control planes on, one control plane at a time and the workers batch by batch:")
+    for index, text in enumerate(plan.node_steps(), 1):
+        out(f"      {index}. {text}")
+    out("nothing was changed (--plan)")

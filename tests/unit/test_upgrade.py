@@ -1,0 +1,151 @@
+"""`gpuboot upgrade` decided before anything changes: the path (tested, one minor, never
+down), the order and the batches (Ansible's own host order, as `serial` will cut it), the
+printed plan (golden), and the judgement of the checks the hosts answer (API objects as the
+API server returns them; the lab upgrade test runs them against a real cluster)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuboot import matrix
+from gpuboot.cli.main import run
+from gpuboot.config.loader import load_cluster
+from gpuboot.errors import UpgradeRefused, UsageError
+from gpuboot.upgrade import check_path, plan_upgrade, worker_batches
+from tests.support.modules import load_module
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "inventories" / "sample" / "inventory.yml"
+GOLDEN = ROOT / "tests" / "golden" / "upgrade" / "sample-plan.txt"
+check = load_module("gpuboot_upgrade_check")
+
+
+def release(name: str, version: str, upgrades_from: list[str]) -> matrix.Release:
+    return matrix.Release.model_validate({"name": name, "kubernetes": {"version": version},
+                                          "containerd": {"version": "1.7.24"}, "os": {},
+                                          "upgrades_from": upgrades_from})
+
+
+def test_only_a_tested_path_of_one_minor_upwards():
+    check_path(release("a", "v1.34.4", []), release("b", "v1.35.4", ["a"]))
+    with pytest.raises(UpgradeRefused, match="skips a minor"):
+        check_path(release("a", "v1.33.2", []), release("c", "v1.35.4", ["a"]))
+    with pytest.raises(UpgradeRefused, match="downgrade"):
+        check_path(release("b", "v1.35.4", []), release("a", "v1.34.4", ["b"]))
+    with pytest.raises(UpgradeRefused, match="already"):
+        check_path(release("a", "v1.34.4", []), release("a", "v1.34.4", ["a"]))
+    with pytest.raises(UpgradeRefused, match="not a tested upgrade path") as refused:
+        check_path(release("x", "v1.34.1", []), release("b", "v1.35.4", ["a"]))
+    assert "start from: a" in refused.value.hint
+
+
+def test_batches_canary_first_then_counts_or_shares():
+    workers = [f"w{i}" for i in range(1, 8)]
+    assert worker_batches(workers, 1, "2") == [["w1"], ["w2", "w3"], ["w4", "w5"], ["w6", "w7"]]
+    assert worker_batches(workers, 1, "50%") == [["w1"], ["w2", "w3", "w4", "w5"], ["w6", "w7"]]
+    assert worker_batches(workers, 0, "100%") == [workers]
+    assert worker_batches(workers, 2, "1%") == [["w1", "w2"]] + [[w] for w in workers[2:]]
+    assert worker_batches([], 1, "20%") == []
+    for bad in ("0", "x", "-1", "2.5", "%"):
+        with pytest.raises(UsageError):
+            worker_batches(workers, 1, bad)
+
+
+def test_batches_follow_ansibles_order_for_an_ini_inventory_with_ranges(tmp_path):
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "hosts.ini").write_text(
+        "[control_plane]\ncp[1:3].lab.internal\n\n[gpu_workers]\ngpu[01:05].lab.internal\n\n"
+        "[workers:children]\ngpu_workers\n")
+    (tmp_path / "group_vars" / "all.yml").write_text(
+        "gpuboot:\n  cluster_name: ini\n  release: k8s-1.34\n"
+        "  control_plane: {vip: 10.0.0.100, interface: eth0}\n")
+    cluster = load_cluster(str(tmp_path / "hosts.ini"))
+    plan = plan_upgrade(cluster, "k8s-1.35", canary=1, batch="2")
+    assert plan.first == "cp1.lab.internal"
+    assert plan.other_control_planes == ("cp2.lab.internal", "cp3.lab.internal")
+    assert plan.batches == (("gpu01.lab.internal",), ("gpu02.lab.internal", "gpu03.lab.internal"),
+                            ("gpu04.lab.internal", "gpu05.lab.internal"))
+    data = plan.as_data()
+    assert data["batch_sizes"] == [1, 2, 2] and data["version"] == "v1.35.4" and data["from_version"] == "v1.34.4"
+
+
+def test_plan_of_the_sample_matches_golden_and_touches_nothing(capsys):
+    assert run(["upgrade", str(SAMPLE), "--to", "k8s-1.35", "--plan"]) == 0
+    said = capsys.readouterr().out
+    if os.environ.get("GPUBOOT_UPDATE_GOLDEN"):
+        GOLDEN.write_text(said)
+    assert said == GOLDEN.read_text()
+    assert run(["upgrade", str(SAMPLE), "--to", "k8s-1.35", "--plan", "--output", "json", "--canary", "0",
+                "--batch", "100%"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["upgrade"]["batches"] == [["cpu01", "gpu01", "gpu02"]]
+    assert [s["node"] for s in data["steps"]] == ["cp01", "cp01", "cp01", "cp02", "cp03", "cpu01", "gpu01", "gpu02"]
+
+
+def test_refusals_name_the_reason_and_exit_7(capsys):
+    assert run(["upgrade", str(SAMPLE), "--to", "k8s-1.34", "--plan"]) == 7
+    assert "already Kubernetes v1.34.4" in capsys.readouterr().err
+    assert run(["upgrade", str(SAMPLE), "--to", "k8s-9.99", "--plan"]) == 2
+    assert "not in the version matrix" in capsys.readouterr().err
+    assert run(["upgrade", str(SAMPLE), "--to", "k8s-1.35", "--plan", "--batch", "0"]) == 2
+
+
+def node(name: str, version: str, ready: bool = True, cordoned: bool = False) -> dict:
+    return {"metadata": {"name": name}, "spec": {"unschedulable": True} if cordoned else {},
+            "status": {"nodeInfo": {"kubeletVersion": version},
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def pod(name: str, node_name: str, image: str, ready: bool = True, waiting: str | None = None) -> dict:
+    state = {"waiting": {"reason": waiting}} if waiting else {"running": {}}
+    return {"metadata": {"name": name, "namespace": "kube-system"},
+            "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": image}]},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "c", "ready": ready, "state": state, "restartCount": 4 if waiting else 0}]}}
+
+
+def test_before_checks_versions_skew_and_an_upgrade_in_progress():
+    a, b = "v1.34.4", "v1.35.4"
+    api = [pod("kube-apiserver-cp1", "cp1", f"mirror:5000/registry.k8s.io/kube-apiserver:{a}")]
+    assert check.version_problems([node("cp1", a), node("w1", a)], api, ["cp1", "w1"], a, b, False) == []
+    problems = check.version_problems([node("cp1", a), node("w1", "v1.33.9", ready=False)], api,
+                                      ["cp1", "w1", "w2"], a, b, False)
+    assert any("w2 is in the inventory but not in the cluster" in p for p in problems)
+    assert any("w1 is not Ready" in p for p in problems)
+    assert any("w1 runs kubelet v1.33.9" in p for p in problems)
+    moved = check.version_problems([node("cp1", b), node("w1", a)], api, ["cp1", "w1"], a, b, False)
+    assert moved == ["an upgrade to v1.35.4 is in progress (cp1 kubelet already there): continue it with --resume"]
+    assert check.version_problems([node("cp1", b), node("w1", a)], api, ["cp1", "w1"], a, b, True) == []
+
+
+def test_etcd_and_pdb_judgement():
+    members = [{"name": "cp1"}, {"name": "cp2"}]
+    assert "2 members (cp1, cp2) for 3 control planes" in check.etcd_problems(members, [], ["cp1", "cp2", "cp3"])[0]
+    unhealthy = check.etcd_problems(members, [{"endpoint": "https://10.0.0.2:2379", "health": False,
+                                               "error": "context deadline exceeded"}], ["cp1", "cp2"])
+    assert unhealthy == ["etcd member https://10.0.0.2:2379 is unhealthy: context deadline exceeded"]
+    pdbs = [{"metadata": {"namespace": "app", "name": "web"},
+             "status": {"expectedPods": 1, "disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1}},
+            {"metadata": {"namespace": "app", "name": "ok"}, "status": {"expectedPods": 3, "disruptionsAllowed": 1}},
+            {"metadata": {"namespace": "app", "name": "empty"}, "status": {"expectedPods": 0, "disruptionsAllowed": 0}}]
+    assert [p.split(" allows")[0] for p in check.pdb_problems(pdbs)] == ["PodDisruptionBudget app/web"]
+
+
+def test_node_gate():
+    v = "v1.35.4"
+    statics = [pod(f"{c}-cp1", "cp1", f"m/registry.k8s.io/{c}:{v}") for c in check.STATIC_PODS]
+    etcd = pod("etcd-cp1", "cp1", "m/registry.k8s.io/etcd:3.6.6-0")
+    assert check.node_gate_problems(node("cp1", v), [*statics, etcd], v, True) == []
+    old = [pod("kube-scheduler-cp1", "cp1", "m/registry.k8s.io/kube-scheduler:v1.34.4") if p["metadata"]["name"]
+           == "kube-scheduler-cp1" else p for p in statics]
+    problems = check.node_gate_problems(node("cp1", "v1.34.4", cordoned=True), old, v, True)
+    assert "cp1 runs kubelet v1.34.4, not v1.35.4" in problems and "cp1 is still cordoned" in problems
+    assert "kube-scheduler-cp1 runs v1.34.4, not v1.35.4" in problems and "etcd-cp1 is not running" in problems
+    crash = pod("app-1", "w1", "img:1", ready=False, waiting="CrashLoopBackOff")
+    assert check.node_gate_problems(node("w1", v), [crash], v, False) == [
+        "kube-system/app-1 is crash-looping (c, 4 restarts)"]
+    # Another node's pods are not this node's business.
+    assert check.node_gate_problems(node("w2", v), [crash], v, False) == []
