@@ -271,8 +271,10 @@ class Lab:
         if state is None or state.status != "up":
             raise LabError("no lab is up", hint="run `gpuboot lab up --flavour kubernetes` first")
         if lab_mirror.running(state.mirror_pid):
-            # Same addresses as before, so the nodes' configuration stays as it is.
-            self.log(f"lab mirror already running (pid {state.mirror_pid}); importing into it is `gpuboot mirror import`")
+            # Same addresses as before, so the nodes' configuration stays as it is; the bundle is
+            # added to what it holds (a second release before an upgrade).
+            self.log(f"lab mirror already running (pid {state.mirror_pid}): importing {bundle} into it")
+            lab_mirror.import_into(self.dir, Path(state.inventory), bundle, self.log)
             return state
         state.mirror_pid = lab_mirror.start(self.dir, state.spec.subnet, bundle, Path(state.inventory), self.log)
         self._save(state)

@@ -87,19 +87,10 @@ def start(lab_dir: Path, subnet: str, bundle: Path, inventory: Path, log=print) 
         for listen in (registry, packages_listen):
             host, port = listen.rsplit(":", 1)
             _wait_listening(host, int(port), proc, out)
-        key = _signing_key(root / "gnupg")
-        gpg_home = str(_short_home(root / "gnupg"))
-        # What `gpuboot mirror import` does, through the library: every digest verified.
-        target = Registry(f"https://{registry}", ca_file=str(ca), credentials=read_credentials(str(creds)))
-        result = Importer(Bundle(bundle), target, progress=log, packages_dir=packages, gpg_home=gpg_home,
-                          gpg_key=key).run(None)
-        log(f"imported {result.artifacts} artifacts into {registry} ({result.already_present} already there)")
-        export_public_key(gpg_home, key, secrets_dir / "packages.asc")
+        _import(root, registry, bundle, log)
     except BaseException:
         stop(proc.pid)  # not recorded yet: `lab down` could not find it
         raise
-    finally:
-        _done_with_gpg(root / "gnupg")
     text = inventory.read_text()
     header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
     data = yaml.safe_load(text)
@@ -109,6 +100,29 @@ def start(lab_dir: Path, subnet: str, bundle: Path, inventory: Path, log=print) 
     inventory.write_text(header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
     log(f"lab mirror on {registry} (packages on {packages_listen}); {inventory} now air-gapped through it")
     return proc.pid
+
+
+def _import(root: Path, registry: str, bundle: Path, log) -> None:
+    """What `gpuboot mirror import` does, through the library: every digest verified, the
+    packages added to the signed repository (its index covers every package it holds)."""
+    secrets_dir = root / "secrets"
+    key = _signing_key(root / "gnupg")
+    gpg_home = str(_short_home(root / "gnupg"))
+    try:
+        target = Registry(f"https://{registry}", ca_file=str(root / "registry" / "pki" / "ca.crt"),
+                          credentials=read_credentials(str(secrets_dir / "mirror.json")))
+        result = Importer(Bundle(bundle), target, progress=log, packages_dir=root / "packages", gpg_home=gpg_home,
+                          gpg_key=key).run(None)
+        log(f"imported {result.artifacts} artifacts into {registry} ({result.already_present} already there)")
+        export_public_key(gpg_home, key, secrets_dir / "packages.asc")
+    finally:
+        _done_with_gpg(root / "gnupg")
+
+
+def import_into(lab_dir: Path, inventory: Path, bundle: Path, log=print) -> None:
+    """Another bundle into the running lab mirror (a second release before an upgrade)."""
+    registry = yaml.safe_load(inventory.read_text())["all"]["vars"]["gpuboot"]["mirror"]["registry"]
+    _import(lab_dir / "mirror", registry, bundle, log)
 
 
 PROGRAM = b"mirror\x00serve"

@@ -10,17 +10,19 @@ description:
     and Ready; every kubelet and API server runs the release the upgrade starts from (or, with
     resume, the target: an upgrade in progress is refused without it); etcd answers with one
     healthy member per control plane; no PodDisruptionBudget forbids the evictions a drain makes.
+  - stage=etcd (after an etcd restore, retried until it passes or the timeout) - one healthy
+    etcd member per control plane.
   - stage=node (the gate after a node's upgrade, retried until it passes or the timeout) - the
     API answers /readyz through the control-plane endpoint; the node is Ready at the target
     version; on a control plane its static pods run the target images and are ready; every etcd
     member is healthy; no pod on the node is crash-looping.
 options:
   kubeconfig: {type: path, required: true}
-  stage: {type: str, required: true, choices: [before, node]}
+  stage: {type: str, required: true, choices: [before, node, etcd]}
   nodes: {type: list, elements: str, default: [], description: The inventory's cluster nodes.}
   control_planes: {type: list, elements: str, default: []}
   from_version: {type: str, default: ""}
-  version: {type: str, required: true}
+  version: {type: str, default: ""}
   resume: {type: bool, default: false}
   node: {type: str, default: ""}
   timeout: {type: int, default: 300, description: Seconds the node gate may wait for the node to pass.}
@@ -65,7 +67,12 @@ def version_problems(nodes, api_pods, wanted_nodes, from_version, version, resum
             moved.append(f"{where} kube-apiserver")
         elif tag not in allowed:
             problems.append(f"{where} runs kube-apiserver {tag or '(no tag)'}, neither {from_version} nor {version}")
-    if moved and not resume:
+    behind = [n for n in nodes if n["metadata"]["name"] in wanted_nodes
+              and n["status"]["nodeInfo"]["kubeletVersion"] != version]
+    if moved and not behind and not any(image_tag(p) != version for p in api_pods):
+        problems.append(f"the cluster already runs {version}: set gpuboot.release in the inventory to the release "
+                        "it runs")
+    elif moved and not resume:
         problems.append(f"an upgrade to {version} is in progress ({', '.join(moved)} already there): "
                         "continue it with --resume")
     return problems
@@ -167,14 +174,19 @@ def gate(kube, p):
     return problems
 
 
+def etcd_only(kube, p):
+    members, health, said = _etcd(kube, p["control_planes"])
+    return [said] if said else etcd_problems(members, health, p["control_planes"])
+
+
 def main():
     module = AnsibleModule(argument_spec={
         "kubeconfig": {"type": "path", "required": True},
-        "stage": {"type": "str", "required": True, "choices": ["before", "node"]},
+        "stage": {"type": "str", "required": True, "choices": ["before", "node", "etcd"]},
         "nodes": {"type": "list", "elements": "str", "default": []},
         "control_planes": {"type": "list", "elements": "str", "default": []},
         "from_version": {"type": "str", "default": ""},
-        "version": {"type": "str", "required": True},
+        "version": {"type": "str", "default": ""},
         "resume": {"type": "bool", "default": False},
         "node": {"type": "str", "default": ""},
         "timeout": {"type": "int", "default": 300},
@@ -187,7 +199,7 @@ def main():
     else:
         started = time.monotonic()
         while True:
-            problems = gate(kube, p)
+            problems = gate(kube, p) if p["stage"] == "node" else etcd_only(kube, p)
             if not problems or time.monotonic() - started > p["timeout"]:
                 break
             time.sleep(3)

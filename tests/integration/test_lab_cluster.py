@@ -1,10 +1,15 @@
-"""A real cluster in the lab (issue 6, step 5): five privileged lab nodes (kind's settings)
+"""A real cluster in the lab, and its day 2: five privileged lab nodes (kind's settings)
 with the Kubernetes built from Go modules (`gpuboot lab kubernetes bundle`: kubeadm's
 images and the .debs), imported with `mirror import` and installed and pulled by the nodes
 through an air-gapped mirror exactly as in production; `gpuboot up` runs real keepalived/haproxy, `kubeadm init`, two control-plane joins
 and two worker joins behind the VIP, and the bridge CNI; every node becomes Ready. A
-second `up` changes nothing. Then the VIP holder is stopped and the API still answers
-through the VIP.
+second `up` changes nothing. Then `gpuboot upgrade` takes it to the next release of the matrix
+for real (1.34 -> 1.35, through the same mirror) while a probe reads through the VIP every 200 ms
+and a Deployment keeps its PodDisruptionBudget. Last, the VIP holder is stopped and the API still
+answers through the VIP.
+
+The tests share one cluster (module scope: building it is most of their time) and run in file
+order, each starting from the state the one before left.
 
 Needs the build cache for the lab inventory's Kubernetes version: CI builds it (step 3's
 tests need it too); elsewhere the test is skipped with the command that builds it."""
@@ -23,10 +28,12 @@ import yaml
 
 from gpuboot import matrix
 from gpuboot.cli.main import run
+from gpuboot_lab import artifacts as lab_artifacts
 from gpuboot_lab.cluster import Lab, LabSpec
 from gpuboot_lab.errors import LabError
 from gpuboot_lab.kubernetes import KubernetesBuild
 from tests.integration.conftest import ssh
+from tests.support.probe import ApiProbe
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -45,36 +52,37 @@ def _built_kubectl(version: str):
         return builder.build(version).bin_dir / "kubectl"
 
 
-@pytest.fixture
-def cluster(lab, tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def cluster(lab, tmp_path_factory):
     # `lab` first: the shared fixture decides skip-or-fail on machines without the lab.
     version = matrix.load(RELEASE).kubernetes.version
     kubectl = _built_kubectl(version)
-    monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
+    tmp_path = tmp_path_factory.mktemp("kcluster")
     bundle = tmp_path / "bundle"
-    assert run(["lab", "kubernetes", "bundle", "--version", version, "--out", str(bundle)]) == 0
-    said = capsys.readouterr().out
+    made = lab_artifacts.write(version, bundle, log=lambda m: None)
     # What the lab cannot build is named, not faked.
-    assert "not built" in said and "cri-tools" in said.split("not built", 1)[1]
+    assert any("cri-tools" in entry for entry in made.not_built), made.not_built
 
     # The lab and its mirror exactly as the README's main job makes them (`gpuboot lab up
-    # --flavour kubernetes`, `gpuboot lab mirror BUNDLE`), in this test's own state dir.
+    # --flavour kubernetes`, `gpuboot lab mirror BUNDLE`), in this module's own state dir.
     node_lab = Lab(tmp_path / "state" / "_lab" / NAME, log=lambda msg: None)
     node_lab.down(NAME)
     inventory = tmp_path / "lab" / "inventory.yml"
-    try:
-        state = node_lab.up(LabSpec(name=NAME, control_planes=3, workers=2, gpu_workers=0, subnet=SUBNET,
-                                    flavour="kubernetes", release=RELEASE), inventory)
-        state = node_lab.start_mirror(bundle)
-        mirror = yaml.safe_load(inventory.read_text())["all"]["vars"]["gpuboot"]["mirror"]
-        assert mirror["air_gapped"] and mirror["registry"].startswith(str(next(ip_network(SUBNET).hosts())))
-        yield {"lab": node_lab, "state": state, "inventory": inventory, "version": version, "kubectl": kubectl,
-               "mirror": mirror["registry"], "packages": mirror["packages_url"].removeprefix("https://"),
-               "kubeconfig": tmp_path / "state" / NAME / "admin.conf"}
-    finally:
-        node_lab.down(NAME)
-        assert not subprocess.run(["pgrep", "-f", f"docker-registry serve {node_lab.dir}"]).returncode == 0, \
-            "lab down left the lab mirror's registry running"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
+        try:
+            state = node_lab.up(LabSpec(name=NAME, control_planes=3, workers=2, gpu_workers=0, subnet=SUBNET,
+                                        flavour="kubernetes", release=RELEASE), inventory)
+            state = node_lab.start_mirror(bundle)
+            mirror = yaml.safe_load(inventory.read_text())["all"]["vars"]["gpuboot"]["mirror"]
+            assert mirror["air_gapped"] and mirror["registry"].startswith(str(next(ip_network(SUBNET).hosts())))
+            yield {"lab": node_lab, "state": state, "inventory": inventory, "version": version, "kubectl": kubectl,
+                   "mirror": mirror["registry"], "packages": mirror["packages_url"].removeprefix("https://"),
+                   "kubeconfig": tmp_path / "state" / NAME / "admin.conf", "tmp": tmp_path}
+        finally:
+            node_lab.down(NAME)
+            assert not subprocess.run(["pgrep", "-f", f"docker-registry serve {node_lab.dir}"]).returncode == 0, \
+                "lab down left the lab mirror's registry running"
 
 
 def _kubectl(info, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
@@ -94,7 +102,7 @@ def _vip_holder(info, control_planes: list[str], vip: str) -> str:
     return holders[0]
 
 
-def test_gpuboot_up_builds_a_real_ha_cluster_that_survives_losing_the_vip_holder(cluster, capsys):
+def test_gpuboot_up_builds_a_real_ha_cluster_that_converges_and_repairs(cluster, capsys):
     t0 = time.monotonic()
     assert run(["up", str(cluster["inventory"]), "--to", "cni"]) == 0, capsys.readouterr().out[-4000:]
     first_up = time.monotonic() - t0
@@ -199,9 +207,176 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_survives_losing_the_vip_holder
             assert not any(t in text for t in tokens), f"a join token is in {path}"
             assert password not in text, f"the mirror password is in {path}"
     assert not any(t in terminal for t in tokens) and password not in terminal
+    print(f"\nreal cluster: first up {first_up:.0f}s, second up {second_up:.0f}s (0 changes), repair up "
+          f"{repair_up:.0f}s (stopped kubelet, deleted containerd config)")
 
-    # Lose the VIP holder: the VIP moves and the API answers through it.
-    holder = _vip_holder(cluster, names[:3], vip)
+
+
+UPGRADE_TO = "k8s-1.35"
+WORKLOAD = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: upgrade-probe}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: upgrade-probe}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: web
+          image: registry.k8s.io/e2e-test-images/agnhost:2.53
+          args: [netexec, --http-port=8080]
+          readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 2}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: web, namespace: upgrade-probe}
+spec:
+  minAvailable: 1
+  selector: {matchLabels: {app: web}}
+"""
+STRICT_BUDGET = """
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: strict, namespace: upgrade-probe}
+spec:
+  minAvailable: 2
+  selector: {matchLabels: {app: web}}
+"""
+
+
+def _apply(info, manifest: str, *verb: str) -> None:
+    done = subprocess.run([str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), *(verb or ("apply",)),
+                           "-f", "-"], input=manifest, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def _wait_for(info, what: str, test, timeout: float = 180):
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = _kubectl(info, *what.split(), "-o", "json")
+        body = json.loads(answer.stdout) if answer.returncode == 0 else None
+        if body is not None and test(body):
+            return body
+        assert time.monotonic() < deadline, f"{what}: {answer.stdout[-2000:] or answer.stderr}"
+        time.sleep(2)
+
+
+def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deployment_available(cluster, capsys):
+    inventory = str(cluster["inventory"])
+    from_version, to_version = cluster["version"], matrix.load(UPGRADE_TO).kubernetes.version
+    _built_kubectl(to_version)
+    # The next release enters the same mirror as any bundle does.
+    bundle = cluster["tmp"] / "bundle-next"
+    lab_artifacts.write(to_version, bundle, log=lambda m: None)
+    cluster["lab"].start_mirror(bundle)
+    _apply(cluster, WORKLOAD)
+    _wait_for(cluster, "-n upgrade-probe get deployment web", lambda d: d["status"].get("availableReplicas") == 2)
+
+    # A budget that allows no eviction is refused before anything changes, by name.
+    _apply(cluster, STRICT_BUDGET)
+    _wait_for(cluster, "-n upgrade-probe get pdb strict", lambda b: b.get("status", {}).get("expectedPods") == 2)
+    assert run(["upgrade", inventory, "--to", UPGRADE_TO]) == 4
+    said = capsys.readouterr()
+    assert "PodDisruptionBudget upgrade-probe/strict allows no disruption" in said.out + said.err
+    record = json.loads((cluster["kubeconfig"].parent / "state.json").read_text())
+    assert record["phases"]["upgrade_preflight"]["status"] == "failed" and "etcd_snapshot" not in record["phases"]
+    assert not list((cluster["kubeconfig"].parent / "etcd-snapshots").glob("*.db"))
+    _apply(cluster, STRICT_BUDGET, "delete")
+
+    # The upgrade itself, while a probe reads through the VIP every 200 ms.
+    t0 = time.monotonic()
+    with ApiProbe(cluster["kubeconfig"], ("upgrade-probe", "web")) as probe:
+        code = run(["upgrade", inventory, "--to", UPGRADE_TO])
+    took = time.monotonic() - t0
+    terminal = capsys.readouterr().out
+    assert code == 0, terminal[-5000:]
+    assert f"runs {to_version}" in terminal and f"gpuboot.release: {UPGRADE_TO}" in terminal
+    figures = probe.figures
+
+    nodes = json.loads(_kubectl(cluster, "get", "nodes", "-o", "json").stdout)["items"]
+    assert {n["metadata"]["name"]: n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == \
+        {f"{NAME}-{h}": to_version for h in ("cp1", "cp2", "cp3", "w1", "w2")}
+    assert not any(n["spec"].get("unschedulable") for n in nodes)
+    pods = json.loads(_kubectl(cluster, "-n", "kube-system", "get", "pods", "-o", "json").stdout)["items"]
+    statics = [p for p in pods if p["metadata"]["name"].startswith(("kube-apiserver-", "kube-controller-manager-",
+                                                                    "kube-scheduler-", "kube-proxy-"))]
+    assert len(statics) == 3 * 3 + 5
+    assert {p["spec"]["containers"][0]["image"].rsplit(":", 1)[1] for p in statics} == {to_version}
+    on_node = ssh(cluster, f"{NAME}-w2", "kubeadm version -o short; apt-mark showhold | sort | tr '\\n' ' '")
+    assert on_node.stdout.split("\n")[0] == to_version
+    assert {"kubeadm", "kubectl", "kubelet"} <= set(on_node.stdout.split("\n")[1].split())
+
+    # The snapshot taken first: on the control machine, private, with what etcdutl read from it.
+    snapshots = sorted((cluster["kubeconfig"].parent / "etcd-snapshots").glob("*.db"))
+    assert len(snapshots) == 1 and stat.S_IMODE(snapshots[0].stat().st_mode) == 0o600
+    status = json.loads(snapshots[0].with_suffix(".json").read_text())["status"]
+    assert status["totalKey"] > 100 and status["revision"] > 0 and snapshots[0].stat().st_size == status["totalSize"]
+
+    # The API answered through the VIP all along but for short windows, and the budgeted
+    # Deployment never had fewer than its minimum available.
+    assert figures.reads > 100 and figures.deployment_reads > 20
+    assert figures.min_available is not None and figures.min_available >= 1, figures
+    assert figures.longest_gap < 30, figures
+
+    # The inventory still names the old release: `up` refuses to move the packages back.
+    assert run(["up", inventory, "--to", "kube_packages"]) == 4
+    said = capsys.readouterr()
+    assert "the cluster was upgraded" in said.out + said.err
+    data = yaml.safe_load(cluster["inventory"].read_text())
+    data["all"]["vars"]["gpuboot"]["release"] = UPGRADE_TO
+    cluster["inventory"].write_text(yaml.safe_dump(data, sort_keys=False))
+    cluster["version"] = to_version
+    assert run(["up", inventory, "--to", "cni"]) == 0, capsys.readouterr().out[-4000:]
+    print(f"\nupgrade {from_version} -> {to_version}: {took:.0f}s for 3 control planes and 2 workers; probe: "
+          f"{figures.reads} reads through the VIP, {figures.failures} failed {figures.failed_reasons}, longest "
+          f"window without an answer {figures.longest_gap:.1f}s; Deployment (PDB minAvailable 1) never below "
+          f"{figures.min_available} available ({figures.deployment_reads} reads)")
+
+
+def test_etcd_snapshot_then_restore_brings_back_what_was_deleted(cluster, capsys):
+    inventory = str(cluster["inventory"])
+    assert _kubectl(cluster, "create", "namespace", "restore-probe").returncode == 0
+    assert run(["etcd", "snapshot", inventory]) == 0, capsys.readouterr().out[-3000:]
+    snapshot = max((cluster["kubeconfig"].parent / "etcd-snapshots").glob("*.db"), key=lambda p: p.stat().st_mtime)
+    assert stat.S_IMODE(snapshot.stat().st_mode) == 0o600
+    assert _kubectl(cluster, "delete", "namespace", "restore-probe", timeout=120).returncode == 0
+    assert _kubectl(cluster, "create", "namespace", "after-the-snapshot").returncode == 0
+
+    # Refused without the confirmation, and for a snapshot others can read.
+    assert run(["etcd", "restore", inventory, str(snapshot)]) == 2
+    snapshot.chmod(0o644)
+    assert run(["etcd", "restore", inventory, str(snapshot), "--yes-replace-the-cluster-state"]) == 2
+    snapshot.chmod(0o600)
+    capsys.readouterr()
+
+    t0 = time.monotonic()
+    assert run(["etcd", "restore", inventory, str(snapshot), "--yes-replace-the-cluster-state"]) == 0, \
+        capsys.readouterr().out[-4000:]
+    took = time.monotonic() - t0
+    namespaces = json.loads(_kubectl(cluster, "get", "namespaces", "-o", "json").stdout)["items"]
+    names = {n["metadata"]["name"] for n in namespaces}
+    assert "restore-probe" in names and "after-the-snapshot" not in names
+    # Every member came back from the snapshot, the old data kept beside it.
+    members = ssh(cluster, f"{NAME}-cp2", "ls -d /var/lib/etcd.before-restore-* | wc -l; ls /var/lib/etcd/member")
+    assert members.stdout.split()[0] == "1" and "snap" in members.stdout.split()
+    _wait_for(cluster, "get nodes", lambda body: len(body["items"]) == 5 and all(
+        any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in body["items"]),
+        timeout=240)
+    print(f"\netcd restore of 3 members from {snapshot.name}: {took:.0f}s, the deleted namespace is back")
+
+
+def test_losing_the_vip_holder_moves_the_vip_and_the_api_answers_through_it(cluster):
+    settings = yaml.safe_load(cluster["inventory"].read_text())["all"]["vars"]["gpuboot"]
+    vip = settings["control_plane"]["vip"]
+    names = [f"{NAME}-cp1", f"{NAME}-cp2", f"{NAME}-cp3"]
+    holder = _vip_holder(cluster, names, vip)
     container = f"gpuboot-{NAME}-{holder.removeprefix(NAME + '-')}"
     subprocess.run(["podman", "stop", "-t", "2", container], check=True, capture_output=True)
     stopped = time.monotonic()
@@ -214,8 +389,6 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_survives_losing_the_vip_holder
         time.sleep(0.5)
     answered_after = time.monotonic() - stopped
     assert len(answer.stdout.split()) == 5
-    survivors = [h for h in names[:3] if h != holder]
+    survivors = [h for h in names if h != holder]
     assert _vip_holder(cluster, survivors, vip) in survivors
-    print(f"\nreal cluster: first up {first_up:.0f}s, second up {second_up:.0f}s (0 changes), repair up "
-          f"{repair_up:.0f}s (stopped kubelet, deleted containerd config), VIP holder {holder} "
-          f"stopped, API through the VIP answered after {answered_after:.1f}s")
+    print(f"\nVIP holder {holder} stopped, API through the VIP answered after {answered_after:.1f}s")

@@ -119,6 +119,9 @@ def test_before_checks_versions_skew_and_an_upgrade_in_progress():
     moved = check.version_problems([node("cp1", b), node("w1", a)], api, ["cp1", "w1"], a, b, False)
     assert moved == ["an upgrade to v1.35.4 is in progress (cp1 kubelet already there): continue it with --resume"]
     assert check.version_problems([node("cp1", b), node("w1", a)], api, ["cp1", "w1"], a, b, True) == []
+    done = [pod("kube-apiserver-cp1", "cp1", f"m/registry.k8s.io/kube-apiserver:{b}")]
+    assert check.version_problems([node("cp1", b), node("w1", b)], done, ["cp1", "w1"], a, b, True) == [
+        "the cluster already runs v1.35.4: set gpuboot.release in the inventory to the release it runs"]
 
 
 def test_etcd_and_pdb_judgement():

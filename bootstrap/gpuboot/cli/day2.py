@@ -1,13 +1,16 @@
-"""Day-2 commands: `gpuboot upgrade`."""
+"""Day-2 commands: `gpuboot upgrade`, `gpuboot etcd snapshot|restore`."""
 from __future__ import annotations
 
 import json
+import stat
+from pathlib import Path
 
 import click
 
 from gpuboot.cli.main import App, _mirror_preflight, _run, cli, inventory_arg, pass_app
 from gpuboot.config.loader import load_cluster
-from gpuboot.phases.catalog import UPGRADE
+from gpuboot.errors import UsageError
+from gpuboot.phases.catalog import ETCD_RESTORE, ETCD_SNAPSHOT, UPGRADE
 from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_GATE_TIMEOUT, plan_upgrade
 
 
@@ -71,3 +74,60 @@ def _print_plan(app: App, plan, output: str) -> None:
     for index, text in enumerate(plan.node_steps(), 1):
         out(f"      {index}. {text}")
     out("nothing was changed (--plan)")
+
+
+@cli.group()
+def etcd() -> None:
+    """Snapshots of the cluster's etcd, and restoring one."""
+
+
+@etcd.command("snapshot")
+@inventory_arg
+@click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text")
+@pass_app
+def etcd_snapshot(app: App, inventory: str, insecure_skip_host_key_check: bool, output: str) -> None:
+    """Take an etcd snapshot on the first control plane, check it with `etcdutl snapshot
+    status` and copy it beside the cluster's state (etcd-snapshots/, 0600)."""
+    cluster = load_cluster(inventory, check_files=True)
+    folder = app.cluster_state(cluster).root / "etcd-snapshots"
+    before = set(folder.glob("*.db"))
+    _run(app, cluster, list(ETCD_SNAPSHOT), output, check=False, diff=False, force=True,
+         host_key_checking=not insecure_skip_host_key_check, command="etcd snapshot",
+         extravars={"gpuboot_etcd_snapshot_dir": str(folder)},
+         resume_hint=f"gpuboot etcd snapshot {inventory}")
+    made = sorted(set(folder.glob("*.db")) - before)
+    if output == "json":
+        click.echo(json.dumps({"event": "SnapshotSaved", "snapshots": [str(p) for p in made]}))
+    else:
+        for path in made:
+            app.console.print(f"[green]snapshot[/] {path} ({path.stat().st_size} bytes; status in {path.with_suffix('.json').name})")
+
+
+@etcd.command("restore")
+@inventory_arg
+@click.argument("snapshot", type=click.Path(dir_okay=False, exists=True))
+@click.option("--yes-replace-the-cluster-state", "confirmed", is_flag=True,
+              help="Confirm: every change to the cluster after the snapshot is lost.")
+@click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text")
+@pass_app
+def etcd_restore(app: App, inventory: str, snapshot: str, confirmed: bool, insecure_skip_host_key_check: bool,
+                 output: str) -> None:
+    """Restore every etcd member of the control plane from SNAPSHOT (a file `gpuboot etcd
+    snapshot` or `gpuboot upgrade` saved). The API is down while it runs; each member's data
+    before the restore is kept beside it (/var/lib/etcd.before-restore-<run>)."""
+    path = Path(snapshot).resolve()
+    if not confirmed:
+        raise UsageError("a restore replaces the whole cluster's state with the snapshot's",
+                         hint=f"gpuboot etcd restore {inventory} {snapshot} --yes-replace-the-cluster-state")
+    if stat.S_IMODE(path.stat().st_mode) & 0o077:
+        raise UsageError(f"{path} is readable by others ({oct(stat.S_IMODE(path.stat().st_mode))}): an etcd "
+                         "snapshot holds every Secret of the cluster", hint=f"chmod 600 {path}")
+    cluster = load_cluster(inventory, check_files=True)
+    _run(app, cluster, list(ETCD_RESTORE), output, check=False, diff=False, force=True,
+         host_key_checking=not insecure_skip_host_key_check, command="etcd restore",
+         extravars={"gpuboot_etcd_restore": {"snapshot": str(path)}},
+         resume_hint=f"gpuboot etcd restore {inventory} {snapshot} --yes-replace-the-cluster-state")
+    if output != "json":
+        app.console.print(f"[green]restored[/] cluster {cluster.settings.cluster_name} from {path}")

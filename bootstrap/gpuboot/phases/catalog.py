@@ -207,7 +207,11 @@ UPGRADE: tuple[Phase, ...] = (
           pulls=("kubernetes",), installs_packages=True),
 )
 
-CATALOGS = {"up": UP, "upgrade": UPGRADE}
+# `gpuboot etcd snapshot` and `gpuboot etcd restore`: actions, run whenever asked.
+ETCD_SNAPSHOT: tuple[Phase, ...] = (UPGRADE[1],)
+ETCD_RESTORE: tuple[Phase, ...] = (Phase("etcd_restore", "etcd restore (the whole control plane)", "etcd_restore.yml"),)
+
+CATALOGS = {"up": UP, "upgrade": UPGRADE, "etcd snapshot": ETCD_SNAPSHOT, "etcd restore": ETCD_RESTORE}
 
 
 def by_name(catalog: tuple[Phase, ...]) -> dict[str, Phase]:
