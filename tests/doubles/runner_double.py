@@ -102,6 +102,7 @@ class RunnerDouble:
         self.calls.append(request)
         if request.ident.startswith("state-"):
             assert request.playbook.name == "gpuboot_state.yml"
+            assert not request.limit, "gpuboot's own state runs (lock, probe, record) are never limited"
             for item in self._state(request):
                 on_event(translate(item))
             return PlaybookResult("successful", 0, Path("/dev/null"))

@@ -33,6 +33,7 @@ class PlaybookRun:
     diff: bool = False
     verbosity: int = 0
     fact_cache: Path | None = None  # shared by every phase of one run: facts gathered once
+    limit: tuple[str, ...] = ()  # hosts, as ansible-playbook --limit (gpuboot node add|remove)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
         envvars={"PATH": _path_with_this_python(), **request.envvars},
         fact_cache=str(request.fact_cache) if request.fact_cache else None,
         forks=request.forks,
+        limit=",".join(request.limit) or None,
         cmdline=" ".join(flags) or None,
         verbosity=request.verbosity,
         suppress_env_files=True,

@@ -1,4 +1,5 @@
-"""Day-2 commands: `gpuboot upgrade`, `gpuboot etcd snapshot|restore`."""
+"""Day-2 commands: `gpuboot upgrade`, `gpuboot etcd snapshot|restore`, `gpuboot node
+add|remove`, `gpuboot reset`."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import click
 from gpuboot.cli.main import App, _mirror_preflight, _run, cli, inventory_arg, pass_app
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import UsageError
-from gpuboot.phases.catalog import ETCD_RESTORE, ETCD_SNAPSHOT, UPGRADE
+from gpuboot.phases.catalog import ETCD_RESTORE, ETCD_SNAPSHOT, NODE_REMOVE, RESET, UPGRADE
 from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_GATE_TIMEOUT, plan_upgrade
 
 
@@ -131,3 +132,83 @@ def etcd_restore(app: App, inventory: str, snapshot: str, confirmed: bool, insec
          resume_hint=f"gpuboot etcd restore {inventory} {snapshot} --yes-replace-the-cluster-state")
     if output != "json":
         app.console.print(f"[green]restored[/] cluster {cluster.settings.cluster_name} from {path}")
+
+
+@cli.group()
+def node() -> None:
+    """Add inventory hosts to the running cluster, or take one out."""
+
+
+@node.command("add")
+@inventory_arg
+@click.argument("hosts", nargs=-1, required=True)
+@click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
+@click.option("--skip-mirror-check", is_flag=True, help="Do not check that the mirror holds what the nodes pull (logged).")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text")
+@pass_app
+def node_add(app: App, inventory: str, hosts: tuple[str, ...], insecure_skip_host_key_check: bool,
+             skip_mirror_check: bool, output: str) -> None:
+    """Prepare and join HOSTS (already in the inventory): only they and the first control plane
+    are touched (a new control plane: every control plane's HA endpoint too; the bridge CNI:
+    every node's routes)."""
+    from gpuboot import nodes
+    cluster = load_cluster(inventory, check_files=True)
+    change = nodes.add(cluster, hosts)
+    _mirror_preflight(app, cluster, change.phases, skip_mirror_check)
+    _run(app, cluster, list(change.phases), output, check=False, diff=False, force=False,
+         host_key_checking=not insecure_skip_host_key_check, command="node add", limit=change.limit,
+         unlimited=change.unlimited, resume_hint=f"gpuboot node add {inventory} {' '.join(hosts)}")
+
+
+@node.command("remove")
+@inventory_arg
+@click.argument("host")
+@click.option("--yes-remove-it", "confirmed", is_flag=True, help="Confirm: the node is drained, reset and deleted.")
+@click.option("--unreachable", is_flag=True, help="The node is gone: skip its kubeadm reset, remove it from the cluster only.")
+@click.option("--drain-timeout", type=int, default=DEFAULT_DRAIN_TIMEOUT, show_default=True)
+@click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text")
+@pass_app
+def node_remove(app: App, inventory: str, host: str, confirmed: bool, unreachable: bool, drain_timeout: int,
+                insecure_skip_host_key_check: bool, output: str) -> None:
+    """Drain HOST, kubeadm reset it (a control plane leaves etcd), delete its Node object.
+    Then take it out of the inventory and run `gpuboot up` (the HA endpoint forgets it)."""
+    from gpuboot import nodes
+    if not confirmed:
+        raise UsageError(f"removing {host} drains it and resets Kubernetes on it",
+                         hint=f"gpuboot node remove {inventory} {host} --yes-remove-it")
+    cluster = load_cluster(inventory, check_files=True)
+    via, data = nodes.remove(cluster, host, reachable=not unreachable)
+    data["drain_timeout"] = drain_timeout
+    _run(app, cluster, list(NODE_REMOVE), output, check=False, diff=False, force=True,
+         host_key_checking=not insecure_skip_host_key_check, command="node remove",
+         extravars={"gpuboot_node_remove": data}, limit=(via,) if unreachable else (via, host),
+         resume_hint=f"gpuboot node remove {inventory} {host} --yes-remove-it")
+    if output != "json":
+        app.console.print(f"[green]removed[/] {host} from cluster {cluster.settings.cluster_name}; now take it out of "
+                          f"{inventory} and run `gpuboot up {inventory}`")
+
+
+@cli.command()
+@inventory_arg
+@click.option("--yes-destroy-the-cluster", "confirmed", is_flag=True,
+              help="Confirm: Kubernetes is taken apart on every node; its data is gone.")
+@click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text")
+@pass_app
+def reset(app: App, inventory: str, confirmed: bool, insecure_skip_host_key_check: bool, output: str) -> None:
+    """kubeadm reset on every node (workers, then control planes one at a time), the VIP
+    stopped. Packages and node preparation stay; `gpuboot up` builds the cluster anew."""
+    if not confirmed:
+        raise UsageError("reset takes the whole cluster apart: every workload and all of etcd's data are lost",
+                         hint=f"take a snapshot first (gpuboot etcd snapshot {inventory}); then "
+                              f"gpuboot reset {inventory} --yes-destroy-the-cluster")
+    cluster = load_cluster(inventory, check_files=True)
+    state = app.cluster_state(cluster)
+    _run(app, cluster, list(RESET), output, check=False, diff=False, force=True,
+         host_key_checking=not insecure_skip_host_key_check, command="reset",
+         resume_hint=f"gpuboot reset {inventory} --yes-destroy-the-cluster")
+    # The admin credentials of a cluster that is gone.
+    (state.root / "admin.conf").unlink(missing_ok=True)
+    if output != "json":
+        app.console.print(f"[green]reset[/] cluster {cluster.settings.cluster_name}; `gpuboot up {inventory}` builds it anew")

@@ -175,7 +175,7 @@ def _mirror_preflight(app: App, cluster, phases, skip: bool) -> None:
 
 def _run(app: App, cluster, phases, output: str, *, check: bool, diff: bool, force: bool,
          host_key_checking: bool, command: str, verbosity: int = 0, extravars: dict | None = None,
-         resume_hint: str | None = None) -> None:
+         resume_hint: str | None = None, limit: tuple[str, ...] = (), unlimited: tuple[str, ...] = ()) -> None:
     from gpuboot.phases.engine import Engine, RunOptions, raise_for
     from gpuboot.ui.console import ConsoleProgress, JsonLines
     if not host_key_checking:
@@ -185,6 +185,7 @@ def _run(app: App, cluster, phases, output: str, *, check: bool, diff: bool, for
     state = app.cluster_state(cluster)
     options = RunOptions(command=command, check=check, diff=diff, force=force,
                          host_key_checking=host_key_checking, verbosity=verbosity, extravars=extravars or {},
+                         limit=limit, unlimited=unlimited,
                          **({"resume_hint": resume_hint} if resume_hint else {}))
     finished = Engine(cluster, state, options, sink).run(phases)
     raise_for(finished)

@@ -211,7 +211,12 @@ UPGRADE: tuple[Phase, ...] = (
 ETCD_SNAPSHOT: tuple[Phase, ...] = (UPGRADE[1],)
 ETCD_RESTORE: tuple[Phase, ...] = (Phase("etcd_restore", "etcd restore (the whole control plane)", "etcd_restore.yml"),)
 
-CATALOGS = {"up": UP, "upgrade": UPGRADE, "etcd snapshot": ETCD_SNAPSHOT, "etcd restore": ETCD_RESTORE}
+# `gpuboot node remove` and `gpuboot reset`: actions on the hosts, run whenever asked.
+NODE_REMOVE: tuple[Phase, ...] = (Phase("node_remove", "Node removal", "node_remove.yml"),)
+RESET: tuple[Phase, ...] = (Phase("reset", "Cluster reset (kubeadm reset on every node)", "reset.yml"),)
+
+CATALOGS = {"up": UP, "upgrade": UPGRADE, "etcd snapshot": ETCD_SNAPSHOT, "etcd restore": ETCD_RESTORE,
+            "node remove": NODE_REMOVE, "reset": RESET}
 
 
 def by_name(catalog: tuple[Phase, ...]) -> dict[str, Phase]:

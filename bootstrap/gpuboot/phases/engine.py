@@ -43,6 +43,10 @@ class RunOptions:
     resume_hint: str = "gpuboot up {inventory} --from {phase}"
     # The command's own data for its playbooks (gpuboot upgrade's plan), beside the settings.
     extravars: dict = field(default_factory=dict)
+    # Only these hosts (gpuboot node add|remove), except in the phases named unlimited, which
+    # run on all their hosts (the bridge CNI's routes to a new node's pods live on every node).
+    limit: tuple[str, ...] = ()
+    unlimited: tuple[str, ...] = ()
 
 
 def ssh_defaults(cluster: Cluster) -> dict[str, str]:
@@ -96,7 +100,7 @@ class Engine:
         return env
 
     def _playbook(self, playbook: Path, ident: str, run_dir: Path, run_id: str, extra: dict,
-                  sink: Callable[[Event], None], resume_phase: str) -> PlaybookResult:
+                  sink: Callable[[Event], None], resume_phase: str, limit: tuple[str, ...] = ()) -> PlaybookResult:
         request = PlaybookRun(
             playbook=playbook,
             inventory=Path(self.cluster.inventory).resolve(),
@@ -112,6 +116,7 @@ class Engine:
             diff=self.options.diff,
             verbosity=self.options.verbosity,
             fact_cache=run_dir / "facts",
+            limit=limit,
         )
         events: queue.Queue[Event | None] = queue.Queue()
         cancel = threading.Event()
@@ -146,6 +151,13 @@ class Engine:
         if isinstance(result, BaseException):
             raise result
         return result
+
+    def _limit_for(self, phase: Phase) -> tuple[str, ...]:
+        return () if phase.name in self.options.unlimited else self.options.limit
+
+    def _limited(self, phase: Phase, hosts: list[str]) -> list[str]:
+        limit = self._limit_for(phase)
+        return [h for h in hosts if h in limit] if limit else hosts
 
     def _phase_sink(self, event: Event) -> None:
         if isinstance(event, PlaybookStats):
@@ -236,7 +248,7 @@ class Engine:
         succeeded: list[tuple[Phase, str, list[str]]] = []
         status = "ok"
         resume = None
-        hosts = {p.name: self.cluster.hosts_matching(p.hosts) for p in phases}
+        hosts = {p.name: self._limited(p, self.cluster.hosts_matching(p.hosts)) for p in phases}
         digests = {p.name: convergence.fingerprint(self.cluster, p, hosts[p.name]) for p in phases}
         first = self.cluster.first_control_plane
         on_hosts = not self.options.check and first is not None
@@ -260,7 +272,8 @@ class Engine:
                     t0 = time.monotonic()
                     self.last_stats = None
                     before = len(self.failures)
-                    result = self._playbook(phase.path, phase.name, run_dir, run_id, {}, self._phase_sink, phase.name)
+                    result = self._playbook(phase.path, phase.name, run_dir, run_id, {}, self._phase_sink, phase.name,
+                                            self._limit_for(phase))
                     ran.append(phase.name)
                     changed = sum(c.changed for c in (self.last_stats.hosts.values() if self.last_stats else []))
                     failed_hosts = sorted({f.host for f in self.failures[before:]})
