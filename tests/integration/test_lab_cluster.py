@@ -34,6 +34,7 @@ from gpuboot_lab.errors import LabError
 from gpuboot_lab.kubernetes import KubernetesBuild
 from tests.integration.conftest import ssh
 from tests.support.probe import ApiProbe
+from tests.support.reuse import reuse_or_run
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -83,6 +84,28 @@ def cluster(lab, tmp_path_factory):
             node_lab.down(NAME)
             assert not subprocess.run(["pgrep", "-f", f"docker-registry serve {node_lab.dir}"]).returncode == 0, \
                 "lab down left the lab mirror's registry running"
+
+
+@pytest.fixture(autouse=True)
+def _cluster_state(cluster, monkeypatch):
+    """Every test of this module uses the cluster's own state directory (runs, lock, snapshots)."""
+    monkeypatch.setenv("GPUBOOT_STATE_DIR", str(cluster["tmp"] / "state"))
+
+
+# What the day-2 tests (upgrade, etcd restore, node remove and add) depend on besides the
+# cluster the first test builds: while these files are unchanged since the tests passed on
+# this machine, they are not run again (tests/support/reuse.py; GPUBOOT_TESTS_FRESH=1 runs them).
+DAY2_INPUTS = (
+    "bootstrap/gpuboot/upgrade.py", "bootstrap/gpuboot/nodes.py", "bootstrap/gpuboot/cli",
+    "bootstrap/gpuboot/phases", "bootstrap/gpuboot/ansible", "bootstrap/gpuboot/config", "bootstrap/gpuboot_lab",
+    "playbooks", "roles/kube_packages", "roles/kubeadm_join", "roles/kubeadm_init", "roles/ha_endpoint",
+    "roles/bridge_cni", "mirror/releases", "tests/integration/test_lab_cluster.py", "tests/support",
+)
+
+
+@pytest.fixture
+def day2(request):
+    yield from reuse_or_run(request, DAY2_INPUTS)
 
 
 def _kubectl(info, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
@@ -268,7 +291,7 @@ def _wait_for(info, what: str, test, timeout: float = 180):
         time.sleep(2)
 
 
-def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deployment_available(cluster, capsys):
+def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deployment_available(day2, cluster, capsys):
     inventory = str(cluster["inventory"])
     from_version, to_version = cluster["version"], matrix.load(UPGRADE_TO).kubernetes.version
     _built_kubectl(to_version)
@@ -340,7 +363,7 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
           f"{figures.min_available} available ({figures.deployment_reads} reads)")
 
 
-def test_etcd_snapshot_then_restore_brings_back_what_was_deleted(cluster, capsys):
+def test_etcd_snapshot_then_restore_brings_back_what_was_deleted(day2, cluster, capsys):
     inventory = str(cluster["inventory"])
     assert _kubectl(cluster, "create", "namespace", "restore-probe").returncode == 0
     assert run(["etcd", "snapshot", inventory]) == 0, capsys.readouterr().out[-3000:]
@@ -370,6 +393,60 @@ def test_etcd_snapshot_then_restore_brings_back_what_was_deleted(cluster, capsys
         any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in body["items"]),
         timeout=240)
     print(f"\netcd restore of 3 members from {snapshot.name}: {took:.0f}s, the deleted namespace is back")
+
+
+def _etcd_members(info) -> list[str]:
+    answer = _kubectl(info, "-n", "kube-system", "exec", f"etcd-{NAME}-cp1", "--", "etcdctl",
+                      "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/kubernetes/pki/etcd/ca.crt",
+                      "--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt",
+                      "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key", "member", "list", "-w", "json",
+                      timeout=30)
+    assert answer.returncode == 0, answer.stderr
+    return sorted(m["name"] for m in json.loads(answer.stdout)["members"])
+
+
+def _touched(output: str) -> dict[str, set[str]]:
+    """Per phase, the hosts a task ran on (from `--output json` events)."""
+    touched: dict[str, set[str]] = {}
+    phase = None
+    for line in output.splitlines():
+        if not line.startswith("{"):
+            continue
+        event = json.loads(line)
+        if event["event"] == "PhaseStarted":
+            phase = event["phase"]
+        elif event["event"] == "HostResult" and phase and event["status"] != "skipped":
+            touched.setdefault(phase, set()).add(event["host"])
+    return touched
+
+
+def test_node_remove_and_add_a_control_plane_and_a_worker(day2, cluster, capsys):
+    inventory = str(cluster["inventory"])
+    cp3, w2 = f"{NAME}-cp3", f"{NAME}-w2"
+    assert run(["node", "remove", inventory, cp3, "--yes-remove-it"]) == 0, capsys.readouterr().out[-4000:]
+    assert _etcd_members(cluster) == [f"{NAME}-cp1", f"{NAME}-cp2"]
+    names = {n["metadata"]["name"] for n in json.loads(_kubectl(cluster, "get", "nodes", "-o", "json").stdout)["items"]}
+    assert cp3 not in names and len(names) == 4
+    assert "missing" in ssh(cluster, cp3, "test -e /etc/kubernetes/kubelet.conf || echo missing").stdout
+    assert _kubectl(cluster, "get", "--raw", "/readyz").returncode == 0  # two members keep quorum
+    capsys.readouterr()
+
+    assert run(["node", "add", inventory, cp3]) == 0, capsys.readouterr().out[-4000:]
+    assert _etcd_members(cluster) == [f"{NAME}-cp1", f"{NAME}-cp2", cp3]
+
+    # A worker out and back in: only it and the first control plane are touched (the bridge
+    # CNI's routes to its pods are on every node).
+    assert run(["node", "remove", inventory, w2, "--yes-remove-it"]) == 0, capsys.readouterr().out[-4000:]
+    capsys.readouterr()
+    assert run(["node", "add", inventory, w2, "--output", "json"]) == 0
+    touched = _touched(capsys.readouterr().out)
+    assert "workers_join" in touched, touched
+    for phase, hosts in touched.items():
+        if phase != "cni":
+            assert hosts <= {f"{NAME}-cp1", w2}, (phase, hosts)
+    _wait_for(cluster, "get nodes", lambda body: len(body["items"]) == 5 and all(
+        any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in body["items"]),
+        timeout=240)
 
 
 def test_losing_the_vip_holder_moves_the_vip_and_the_api_answers_through_it(cluster):
