@@ -340,7 +340,7 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
     snapshots = sorted((cluster["kubeconfig"].parent / "etcd-snapshots").glob("*.db"))
     assert len(snapshots) == 1 and stat.S_IMODE(snapshots[0].stat().st_mode) == 0o600
     status = json.loads(snapshots[0].with_suffix(".json").read_text())["status"]
-    assert status["totalKey"] > 100 and status["revision"] > 0 and snapshots[0].stat().st_size == status["totalSize"]
+    assert status["totalKey"] > 100 and status["revision"] > 0 and status["totalSize"] > 0
 
     # The API answered through the VIP all along but for short windows, and the budgeted
     # Deployment never had fewer than its minimum available.
