@@ -26,6 +26,7 @@ from tests.doubles.gpu_operator.operator import FAULT_DIR, DoubleGpuOperator, Ha
 from tests.integration.conftest import ssh
 from tests.integration.test_lab_cluster import _built_kubectl
 from tests.support.addon_doubles import add_to_bundle
+from tests.support.reuse import PRODUCT, reuse_or_run
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -40,6 +41,13 @@ GPU_NODES = {
                                                  "mig": {"layout": "all-1g.10gb"}}},
                      Hardware("NVIDIA-H100-80GB-HBM3", "0x2330", 2)),
 }
+
+
+@pytest.fixture
+def unchanged(request):
+    """Not run again while nothing it can depend on changed since it passed on this machine
+    (tests/support/reuse.py; GPUBOOT_TESTS_FRESH=1 runs it)."""
+    yield from reuse_or_run(request, (*PRODUCT, "tests/integration/test_lab_gpu_stack.py"))
 
 
 @pytest.fixture
@@ -99,7 +107,8 @@ def changes(info) -> dict[str, int]:
     return {name: entry["changed"] for name, entry in record.items()}
 
 
-def test_gpu_operator_installs_from_the_mirror_and_the_nodes_advertise_what_the_inventory_asks(gpu_cluster, capsys):
+def test_gpu_operator_installs_from_the_mirror_and_the_nodes_advertise_what_the_inventory_asks(unchanged, gpu_cluster,
+                                                                                              capsys):
     info = gpu_cluster
     # --skip-mirror-check: this lab's nodes install containerd from Debian and the lab cannot
     # build cri-tools, so the package half of the air-gap preflight cannot pass here (the image

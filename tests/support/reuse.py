@@ -15,6 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuboot" / "test-passes"
 FRESH_ENV = "GPUBOOT_TESTS_FRESH"
+# Everything a lab test of the product can depend on: any change here runs it again.
+PRODUCT = ("bootstrap", "playbooks", "roles", "mirror", "pyproject.toml", "tests/doubles", "tests/support",
+           "tests/integration/conftest.py")
 
 
 def digest(paths: tuple[str, ...]) -> str:

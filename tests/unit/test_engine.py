@@ -180,3 +180,25 @@ def test_the_gate_runs_on_every_run_and_does_not_make_preflight_run(cluster, tmp
     assert again.phases_run == ["validate"]
     started = next(e for e in events if isinstance(e, PhaseStarted) and e.phase == "validate")
     assert started.reason == "a gate: it checks the cluster on every run"
+
+
+def test_sigterm_stops_the_running_playbook_like_ctrl_c(cluster, tmp_path):
+    """A scheduler's SIGTERM (or `timeout`): the playbook is cancelled, the lock given back,
+    the run recorded as interrupted with the resume command."""
+    import os
+    import signal
+    import threading
+
+    from gpuboot.cli.main import sigterm_as_interrupt
+
+    runner = RunnerDouble({"preflight": ScriptedPhase({"cp01": "ok"}, wait_for_cancel=True)})
+    state = ClusterState.for_cluster(tmp_path, cluster.settings.cluster_name)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    previous = signal.getsignal(signal.SIGTERM)
+    with sigterm_as_interrupt():
+        timer.start()
+        finished = Engine(cluster, state, RunOptions(), lambda e: None, runner=runner).run(PHASES)
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert finished.status == "interrupted" and "--from preflight" in finished.resume
+    assert runner.hosts.lock is None
+    assert state.load()["runs"][-1]["status"] == "interrupted"

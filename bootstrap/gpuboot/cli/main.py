@@ -3,7 +3,10 @@ to exit codes in exactly one place (main)."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -11,7 +14,7 @@ from rich.console import Console
 
 from gpuboot import __version__
 from gpuboot.config.loader import load_cluster
-from gpuboot.errors import GpubootError, UsageError
+from gpuboot.errors import GpubootError, Interrupted, UsageError
 from gpuboot.phases.catalog import UP
 from gpuboot.phases.select import Selection, select
 from gpuboot.state import ClusterState, state_root
@@ -274,6 +277,32 @@ def _add_plugin_commands() -> None:
             cli.add_command(point.load(), point.name)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, `timeout`, systemd stopping a unit): handled as Ctrl-C is, so the
+    running ansible-playbook and its workers are stopped, the lock given back and the run
+    recorded as interrupted."""
+
+
+TERMINATED = threading.Event()
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        TERMINATED.set()
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code: the one place typed errors become codes."""
     import gpuboot.cli.day2  # noqa: F401  (registers `gpuboot upgrade`)
@@ -290,7 +319,8 @@ def run(argv: list[str] | None = None) -> int:
         return code
 
     try:
-        result = cli.main(args=args, prog_name="gpuboot", standalone_mode=False)
+        with sigterm_as_interrupt():
+            result = cli.main(args=args, prog_name="gpuboot", standalone_mode=False)
         return result if isinstance(result, int) else 0
     except click.exceptions.Abort as exc:
         return report(exc, 130, "aborted")
@@ -300,7 +330,11 @@ def run(argv: list[str] | None = None) -> int:
         exc.show()
         return exc.exit_code
     except GpubootError as exc:
-        return report(exc, exc.exit_code, f"error: {exc}")
+        # A SIGTERM that ended a run arrives as the run's Interrupted: 143, as a shell reports it.
+        code = 143 if isinstance(exc, Interrupted) and TERMINATED.is_set() else exc.exit_code
+        return report(exc, code, f"error: {exc}")
+    except Terminated as exc:
+        return report(exc, 143, "terminated")
     except KeyboardInterrupt as exc:
         return report(exc, 130, "interrupted")
 
