@@ -191,7 +191,10 @@ def write(version: str | None, out: Path, log: Callable[[str], None] = print) ->
     os_id = "debian-12"
     kube = release.os[os_id].kube_packages
     cni_version = str(kube.model_extra["kubernetes_cni"])
-    minimum = version.lstrip("v").rsplit(".", 1)[0] + ".0"
+    # As upstream's packages: kubeadm wants a kubelet and kubectl no older than the skew policy
+    # allows (three minors), so kubeadm installs first in kubeadm's upgrade order.
+    major, minor_ = version.lstrip("v").split(".")[:2]
+    minimum = f"{major}.{max(0, int(minor_) - 3)}.0"
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         cni_dir = builder.companion_dir(version, "cni_plugins")
@@ -207,6 +210,7 @@ def write(version: str | None, out: Path, log: Callable[[str], None] = print) ->
                                            (KUBEADM_DROP_IN.encode(), 0o644)},
              "kubernetes-cni, iptables, mount", f"kubelet {version} (gpuboot lab build)"),
             # Upstream's kubeadm also depends on cri-tools, which the lab cannot build.
+            # (Its kubelet and kubectl floors are also far below its own version.)
             ("kubeadm", kube.version, {"usr/bin/kubeadm": ((bin_dir / "kubeadm").read_bytes(), 0o755)},
              f"kubelet (>= {minimum}), kubectl (>= {minimum}), kubernetes-cni",
              f"kubeadm {version} (gpuboot lab build)"),
