@@ -73,7 +73,7 @@ def test_the_limit_reaches_the_phases_not_the_state_runs(cluster, tmp_path):
     started = {e.phase: e.hosts for e in events if isinstance(e, PhaseStarted)}
     # The first control plane is in the limit (it hands out the join credentials).
     assert started["os_prep"] == ["cp01", "gpu02"] and set(started["workers_join"]) == {"cp01", "gpu02"}
-    assert set(started["cni"]) == set(cluster.hosts_matching(next(p for p in change.phases if p.name == "cni").hosts))
+    assert set(started["cni"]) == set(next(p for p in change.phases if p.name == "cni").hosts_in(cluster))
     by_ident = {r.ident: r for r in runner.calls}
     assert by_ident["os_prep"].limit == ("cp01", "gpu02") and by_ident["cni"].limit == ()
     assert all(r.limit == () for r in runner.calls if r.ident.startswith("state-"))

@@ -8,7 +8,7 @@ import yaml
 
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import UsageError
-from gpuboot.phases.catalog import UP
+from gpuboot.phases.catalog import CATALOGS, UP
 from gpuboot.phases.select import Selection, select
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,12 +21,15 @@ def test_catalog_order_is_the_documented_one():
                      "network_operator", "validate", "gitops_handoff"]
 
 
-@pytest.mark.parametrize("phase", UP, ids=NAMES)
+EVERY_PHASE = list(dict.fromkeys(p for catalog in CATALOGS.values() for p in catalog))
+
+
+@pytest.mark.parametrize("phase", EVERY_PHASE, ids=[p.name for p in EVERY_PHASE])
 def test_every_phase_playbook_exists_and_targets_its_hosts(phase):
     plays = yaml.safe_load(phase.path.read_text())
     assert plays, phase.path
-    # The playbook states the hosts once; the phase's hosts are the union of its plays'.
-    assert phase.hosts.split(":") == list(dict.fromkeys(p for play in plays for p in play["hosts"].split(":")))
+    # The playbook states the hosts once; the phase's hosts are its plays' patterns.
+    assert phase.host_patterns == tuple(dict.fromkeys(play["hosts"] for play in plays))
     for play in plays:
         for task in play.get("tasks", []):
             assert task["name"].startswith(phase.name) or task["name"].split(" | ")[0], task
@@ -121,3 +124,13 @@ def test_phases_with_nothing_to_do_are_skipped_and_pull_nothing(tmp_path):
     assert by["network_operator"].idle(cluster) == "no node declares RDMA or SR-IOV NICs"
     assert by["gitops_handoff"].idle(cluster) == "gpuboot.gitops is not set"
     assert by["gpu_operator"].pulls_for(cluster) == () and by["validate"].pulls_for(cluster) == ("validate",)
+
+
+def test_each_plays_pattern_is_resolved_on_its_own():
+    """reset's workers play excludes the control planes; its next play takes them: joined
+    into one pattern, the exclusion would drop them from the lock, the probe and the count."""
+    from gpuboot.config.loader import load_cluster
+    from gpuboot.phases.catalog import RESET
+    cluster = load_cluster(ROOT / "inventories" / "sample" / "inventory.yml")
+    assert RESET[0].host_patterns == ("workers:!control_plane", "control_plane[1:]:control_plane[0]")
+    assert RESET[0].hosts_in(cluster) == ["cpu01", "gpu01", "gpu02", "cp02", "cp03", "cp01"]

@@ -82,13 +82,24 @@ class Phase:
         return yaml.safe_load(self.path.read_text()) or []
 
     @property
-    def hosts(self) -> str:
-        """The union of the hosts its plays target, as one Ansible pattern."""
+    def host_patterns(self) -> tuple[str, ...]:
+        """Each play's host pattern, once each, in play order."""
         patterns: list[str] = []
         for play in self.plays:
             if play.get("hosts") and play["hosts"] not in patterns:
                 patterns.append(play["hosts"])
-        return ":".join(patterns)
+        return tuple(patterns)
+
+    @property
+    def hosts(self) -> str:
+        """Its plays' host patterns, for a person to read."""
+        return ", ".join(self.host_patterns)
+
+    def hosts_in(self, cluster: Cluster) -> list[str]:
+        """The hosts its plays target, in play and inventory order. Each play's pattern is
+        resolved on its own: one pattern joined from all (`a:!b:c`) would apply every play's
+        exclusions to the others."""
+        return list(dict.fromkeys(h for pattern in self.host_patterns for h in cluster.hosts_matching(pattern)))
 
     @property
     def roles(self) -> tuple[str, ...]:

@@ -248,7 +248,7 @@ class Engine:
         succeeded: list[tuple[Phase, str, list[str]]] = []
         status = "ok"
         resume = None
-        hosts = {p.name: self._limited(p, self.cluster.hosts_matching(p.hosts)) for p in phases}
+        hosts = {p.name: self._limited(p, p.hosts_in(self.cluster)) for p in phases}
         digests = {p.name: convergence.fingerprint(self.cluster, p, hosts[p.name]) for p in phases}
         first = self.cluster.first_control_plane
         on_hosts = not self.options.check and first is not None

@@ -15,7 +15,7 @@ def describe(cluster: Cluster, phases: list[Phase], state: ClusterState) -> list
     stopped = None
     for phase in phases:
         previous = record.get(phase.name, {})
-        hosts = cluster.hosts_matching(phase.hosts)
+        hosts = phase.hosts_in(cluster)
         stops = phase.stops_because(cluster.settings)
         if stopped:
             action = f"not reached: up stops at {stopped}"
