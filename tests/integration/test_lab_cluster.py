@@ -444,6 +444,26 @@ def test_node_remove_and_add_a_control_plane_and_a_worker(day2, cluster, capsys)
         timeout=240)
 
 
+def test_reset_takes_the_cluster_apart_and_up_builds_it_again(day2, cluster, capsys):
+    inventory = str(cluster["inventory"])
+    assert run(["reset", inventory]) == 2  # not without the confirmation
+    capsys.readouterr()
+    assert run(["reset", inventory, "--yes-destroy-the-cluster"]) == 0, capsys.readouterr().out[-4000:]
+    assert not cluster["kubeconfig"].exists()  # the credentials of a cluster that is gone
+    for host in ("cp1", "cp2", "cp3", "w1", "w2"):
+        left = ssh(cluster, f"{NAME}-{host}", "ls /etc/kubernetes/kubelet.conf /var/lib/etcd 2>/dev/null; "
+                                              "systemctl is-active kubelet haproxy; dpkg-query -W -f='${Version}' kubeadm")
+        lines = left.stdout.split()
+        assert "/etc/kubernetes/kubelet.conf" not in lines and "/var/lib/etcd" not in lines, (host, left.stdout)
+        assert lines[:2] == ["inactive", "inactive"] and lines[2].startswith(cluster["version"].lstrip("v")), lines
+    # A plain `up` finds every result gone and builds the cluster anew.
+    capsys.readouterr()
+    assert run(["up", inventory, "--to", "cni"]) == 0, capsys.readouterr().out[-4000:]
+    _wait_for(cluster, "get nodes", lambda body: len(body["items"]) == 5 and all(
+        any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in body["items"]),
+        timeout=240)
+
+
 def test_losing_the_vip_holder_moves_the_vip_and_the_api_answers_through_it(cluster):
     settings = yaml.safe_load(cluster["inventory"].read_text())["all"]["vars"]["gpuboot"]
     vip = settings["control_plane"]["vip"]
