@@ -74,9 +74,9 @@ class UpgradePlan:
     def node_steps(self) -> list[str]:
         """What every node goes through, in order (a node already at the target is only gated)."""
         v = self.to_version
-        return [f"kubeadm {v} from the mirror (held)", "its kubeadm upgrade (the step above)",
-                f"drain (DaemonSets stay, emptyDir data goes, PodDisruptionBudgets kept, {self.drain_timeout} s at most;"
+        return [f"drain (DaemonSets stay, emptyDir data goes, PodDisruptionBudgets kept, {self.drain_timeout} s at most;"
                 " uncordoned if anything fails)",
+                f"kubeadm {v} from the mirror (held)", "its kubeadm upgrade (the step above)",
                 f"kubelet and kubectl {v} from the mirror (held)", "kubelet restarted", "uncordon",
                 f"gate ({self.gate_timeout} s at most): API /readyz through the endpoint, node Ready at {v}, "
                 f"static pods at {v} on a control plane, every etcd member healthy, no crash-looping pod on the node"]
