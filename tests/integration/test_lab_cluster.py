@@ -310,7 +310,7 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
 
     # The upgrade itself, while a probe reads through the VIP every 200 ms.
     t0 = time.monotonic()
-    with ApiProbe(cluster["kubeconfig"], ("upgrade-probe", "web")) as probe:
+    with ApiProbe(cluster["kubeconfig"], ("upgrade-probe", "app=web")) as probe:
         code = run(["upgrade", inventory, "--to", UPGRADE_TO])
     took = time.monotonic() - t0
     terminal = capsys.readouterr().out
@@ -338,9 +338,9 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
     assert status["totalKey"] > 100 and status["revision"] > 0 and status["totalSize"] > 0
 
     # The API answered through the VIP all along but for short windows, and the budgeted
-    # Deployment never had fewer than its minimum available.
-    assert figures.reads > 100 and figures.deployment_reads > 20
-    assert figures.min_available is not None and figures.min_available >= 1, figures
+    # Deployment never had fewer than its minimum of pods Ready.
+    assert figures.reads > 100 and figures.pod_reads > 20
+    assert figures.min_ready is not None and figures.min_ready >= 1, figures
     assert figures.longest_gap < 30, figures
 
     # The inventory still names the old release: `up` refuses to move the packages back.
@@ -355,7 +355,7 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
     print(f"\nupgrade {from_version} -> {to_version}: {took:.0f}s for 3 control planes and 2 workers; probe: "
           f"{figures.reads} reads through the VIP, {figures.failures} failed {figures.failed_reasons}, longest "
           f"window without an answer {figures.longest_gap:.1f}s; Deployment (PDB minAvailable 1) never below "
-          f"{figures.min_available} available ({figures.deployment_reads} reads)")
+          f"{figures.min_ready} pods Ready ({figures.pod_reads} reads)")
 
 
 def test_etcd_snapshot_then_restore_brings_back_what_was_deleted(day2, cluster, capsys):

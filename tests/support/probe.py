@@ -1,6 +1,8 @@
 """A reader of the API through the control-plane endpoint while something disruptive runs
-(an upgrade): /readyz every `interval` seconds, and a Deployment's available replicas every
-few reads. Counts failed reads and measures the longest window with no answer."""
+(an upgrade): /readyz every `interval` seconds, and every few reads the workload's pods that
+are Ready (kubelet's own word, not a controller's count: a Deployment's availableReplicas
+dips while a restarted controller manager catches up, with every pod still serving). Counts
+failed reads and measures the longest window with no answer."""
 from __future__ import annotations
 
 import base64
@@ -22,13 +24,14 @@ class ProbeFigures:
     reads: int = 0
     failures: int = 0
     longest_gap: float = 0.0
-    min_available: int | None = None
-    deployment_reads: int = 0
+    min_ready: int | None = None
+    pod_reads: int = 0
     failed_reasons: dict[str, int] = field(default_factory=dict)
 
 
 class ApiProbe:
-    def __init__(self, kubeconfig: Path, deployment: tuple[str, str] | None = None, interval: float = 0.2) -> None:
+    def __init__(self, kubeconfig: Path, pods: tuple[str, str] | None = None, interval: float = 0.2) -> None:
+        """pods: (namespace, label selector) of the workload to watch."""
         config = yaml.safe_load(kubeconfig.read_text())
         cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
         self.server = cluster["server"]
@@ -39,7 +42,7 @@ class ApiProbe:
             path.touch(mode=0o600)
             path.write_bytes(base64.b64decode(value))
         self.context.load_cert_chain(cert, key)
-        self.deployment = deployment
+        self.pods = pods
         self.interval = interval
         self.figures = ProbeFigures()
         self._stop = threading.Event()
@@ -62,20 +65,21 @@ class ApiProbe:
                 reason = type(getattr(exc, "reason", exc)).__name__
                 self.figures.failed_reasons[reason] = self.figures.failed_reasons.get(reason, 0) + 1
             self.figures.longest_gap = max(self.figures.longest_gap, time.monotonic() - last_answer)
-            if self.deployment and self.figures.reads % 5 == 0:
-                self._read_deployment()
+            if self.pods and self.figures.reads % 5 == 0:
+                self._read_pods()
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
-    def _read_deployment(self) -> None:
-        namespace, name = self.deployment
+    def _read_pods(self) -> None:
+        namespace, selector = self.pods
         try:
-            body = json.loads(self._get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"))
+            body = json.loads(self._get(f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}"))
         except (urllib.error.URLError, OSError, TimeoutError, ValueError):
             return  # counted by the /readyz reads
-        available = int(body.get("status", {}).get("availableReplicas") or 0)
-        self.figures.deployment_reads += 1
-        current = self.figures.min_available
-        self.figures.min_available = available if current is None else min(current, available)
+        ready = sum(1 for pod in body.get("items", []) if not pod["metadata"].get("deletionTimestamp") and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", [])))
+        self.figures.pod_reads += 1
+        current = self.figures.min_ready
+        self.figures.min_ready = ready if current is None else min(current, ready)
 
     def __enter__(self) -> ApiProbe:
         self._thread.start()
