@@ -286,6 +286,12 @@ def _wait_for(info, what: str, test, timeout: float = 180):
         time.sleep(2)
 
 
+def _all_five_nodes_ready(info) -> None:
+    _wait_for(info, "get nodes", lambda body: len(body["items"]) == 5 and all(
+        any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in body["items"]),
+        timeout=240)
+
+
 def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deployment_available(day2, cluster, capsys):
     inventory = str(cluster["inventory"])
     from_version, to_version = cluster["version"], matrix.load(UPGRADE_TO).kubernetes.version
@@ -384,9 +390,7 @@ def test_etcd_snapshot_then_restore_brings_back_what_was_deleted(day2, cluster, 
     # Every member came back from the snapshot, the old data kept beside it.
     members = ssh(cluster, f"{NAME}-cp2", "ls -d /var/lib/etcd.before-restore-* | wc -l; ls /var/lib/etcd/member")
     assert members.stdout.split()[0] == "1" and "snap" in members.stdout.split()
-    _wait_for(cluster, "get nodes", lambda body: len(body["items"]) == 5 and all(
-        any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in body["items"]),
-        timeout=240)
+    _all_five_nodes_ready(cluster)
     print(f"\netcd restore of 3 members from {snapshot.name}: {took:.0f}s, the deleted namespace is back")
 
 
@@ -439,9 +443,7 @@ def test_node_remove_and_add_a_control_plane_and_a_worker(day2, cluster, capsys)
     for phase, hosts in touched.items():
         if phase != "cni":
             assert hosts <= {f"{NAME}-cp1", w2}, (phase, hosts)
-    _wait_for(cluster, "get nodes", lambda body: len(body["items"]) == 5 and all(
-        any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in body["items"]),
-        timeout=240)
+    _all_five_nodes_ready(cluster)
 
 
 def test_reset_takes_the_cluster_apart_and_up_builds_it_again(day2, cluster, capsys):
@@ -459,9 +461,7 @@ def test_reset_takes_the_cluster_apart_and_up_builds_it_again(day2, cluster, cap
     # A plain `up` finds every result gone and builds the cluster anew.
     capsys.readouterr()
     assert run(["up", inventory, "--to", "cni"]) == 0, capsys.readouterr().out[-4000:]
-    _wait_for(cluster, "get nodes", lambda body: len(body["items"]) == 5 and all(
-        any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in body["items"]),
-        timeout=240)
+    _all_five_nodes_ready(cluster)
 
 
 def test_losing_the_vip_holder_moves_the_vip_and_the_api_answers_through_it(cluster):
