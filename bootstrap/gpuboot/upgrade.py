@@ -21,9 +21,13 @@ DEFAULT_GATE_TIMEOUT = 300
 _BATCH = re.compile(r"^(\d+)(%?)$")
 
 
+def release_tuple(version: str) -> tuple[int, ...]:
+    """v1.34.10 -> (1, 34, 10): compared as numbers, never as text."""
+    return tuple(int(part) for part in version.lstrip("v").split("-", 1)[0].split("."))
+
+
 def minor(version: str) -> tuple[int, int]:
-    major, minor_, *_ = version.lstrip("v").split(".")
-    return int(major), int(minor_)
+    return release_tuple(version)[:2]  # type: ignore[return-value]
 
 
 def batch_size(text: str, workers: int) -> int:
@@ -111,7 +115,7 @@ def check_path(current: matrix.Release, target: matrix.Release) -> None:
     if have == want:
         raise UpgradeRefused(f"the inventory's release {current.name} is already Kubernetes {want}",
                              hint="nothing to upgrade; after an upgrade, set gpuboot.release to the new release")
-    if minor(want) < minor(have) or (minor(want) == minor(have) and want < have):
+    if release_tuple(want) < release_tuple(have):
         raise UpgradeRefused(f"{current.name} ({have}) -> {target.name} ({want}) is a downgrade",
                              hint="kubeadm does not downgrade: restore the etcd snapshot taken before the upgrade "
                                   "(gpuboot etcd restore) to go back")

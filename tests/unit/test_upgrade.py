@@ -35,6 +35,10 @@ def test_only_a_tested_path_of_one_minor_upwards():
         check_path(release("a", "v1.33.2", []), release("c", "v1.35.4", ["a"]))
     with pytest.raises(UpgradeRefused, match="downgrade"):
         check_path(release("b", "v1.35.4", []), release("a", "v1.34.4", ["b"]))
+    # Patch numbers compare as numbers: .10 is newer than .4.
+    check_path(release("a", "v1.34.4", []), release("p", "v1.34.10", ["a"]))
+    with pytest.raises(UpgradeRefused, match="downgrade"):
+        check_path(release("p", "v1.34.10", []), release("a", "v1.34.4", ["p"]))
     with pytest.raises(UpgradeRefused, match="already"):
         check_path(release("a", "v1.34.4", []), release("a", "v1.34.4", ["a"]))
     with pytest.raises(UpgradeRefused, match="not a tested upgrade path") as refused:
