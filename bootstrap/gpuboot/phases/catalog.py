@@ -207,11 +207,14 @@ UP: tuple[Phase, ...] = (
           idle_when=_no_gitops),
 )
 
+# The snapshot `gpuboot upgrade` takes first is also `gpuboot etcd snapshot` on its own.
+SNAPSHOT = Phase("etcd_snapshot", "etcd snapshot", "etcd_snapshot.yml")
+
 # `gpuboot upgrade`: every phase runs on every upgrade run (each node step skips a node that is
 # already at the target), so a re-run with --resume continues where a run stopped.
 UPGRADE: tuple[Phase, ...] = (
     Phase("upgrade_preflight", "Upgrade checks", "upgrade_preflight.yml", read_only=True),
-    Phase("etcd_snapshot", "etcd snapshot", "etcd_snapshot.yml"),
+    SNAPSHOT,
     Phase("upgrade_control_planes", "Control planes, one at a time", "upgrade_control_planes.yml",
           pulls=("kubernetes",), installs_packages=True),
     Phase("upgrade_workers", "Workers: canary, then batches", "upgrade_workers.yml",
@@ -219,7 +222,7 @@ UPGRADE: tuple[Phase, ...] = (
 )
 
 # `gpuboot etcd snapshot` and `gpuboot etcd restore`: actions, run whenever asked.
-ETCD_SNAPSHOT: tuple[Phase, ...] = (UPGRADE[1],)
+ETCD_SNAPSHOT: tuple[Phase, ...] = (SNAPSHOT,)
 ETCD_RESTORE: tuple[Phase, ...] = (Phase("etcd_restore", "etcd restore (the whole control plane)", "etcd_restore.yml"),)
 
 # `gpuboot node remove` and `gpuboot reset`: actions on the hosts, run whenever asked.
