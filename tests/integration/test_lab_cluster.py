@@ -250,7 +250,10 @@ spec:
         - name: web
           image: registry.k8s.io/e2e-test-images/agnhost:2.53
           args: [netexec, --http-port=8080]
-          readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 2}
+          # Five lab nodes share this machine's two cores: while a control plane restarts,
+          # an answer can take seconds. What is under test is the budget during drains,
+          # not the machine's CPU, so a slow answer is not a failed one.
+          readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 2, timeoutSeconds: 5, failureThreshold: 3}
 ---
 apiVersion: policy/v1
 kind: PodDisruptionBudget
@@ -324,6 +327,19 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
     assert f"runs {to_version}" in terminal and f"gpuboot.release: {UPGRADE_TO}" in terminal
     figures = probe.figures
 
+    # The inventory still names the old release: `up` refuses to move the packages back. The
+    # inventory then names the release the cluster runs, whatever the checks below find, so the
+    # later tests meet the cluster as it is.
+    try:
+        assert run(["up", inventory, "--to", "kube_packages"]) == 4
+        said = capsys.readouterr()
+        assert "the cluster was upgraded" in said.out + said.err
+    finally:
+        data = yaml.safe_load(cluster["inventory"].read_text())
+        data["all"]["vars"]["gpuboot"]["release"] = UPGRADE_TO
+        cluster["inventory"].write_text(yaml.safe_dump(data, sort_keys=False))
+        cluster["version"] = to_version
+
     nodes = json.loads(_kubectl(cluster, "get", "nodes", "-o", "json").stdout)["items"]
     assert {n["metadata"]["name"]: n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == \
         {f"{NAME}-{h}": to_version for h in ("cp1", "cp2", "cp3", "w1", "w2")}
@@ -349,19 +365,11 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
     assert figures.min_ready is not None and figures.min_ready >= 1, figures
     assert figures.longest_gap < 30, figures
 
-    # The inventory still names the old release: `up` refuses to move the packages back.
-    assert run(["up", inventory, "--to", "kube_packages"]) == 4
-    said = capsys.readouterr()
-    assert "the cluster was upgraded" in said.out + said.err
-    data = yaml.safe_load(cluster["inventory"].read_text())
-    data["all"]["vars"]["gpuboot"]["release"] = UPGRADE_TO
-    cluster["inventory"].write_text(yaml.safe_dump(data, sort_keys=False))
-    cluster["version"] = to_version
     assert run(["up", inventory, "--to", "cni"]) == 0, capsys.readouterr().out[-4000:]
     print(f"\nupgrade {from_version} -> {to_version}: {took:.0f}s for 3 control planes and 2 workers; probe: "
           f"{figures.reads} reads through the VIP, {figures.failures} failed {figures.failed_reasons}, longest "
           f"window without an answer {figures.longest_gap:.1f}s; Deployment (PDB minAvailable 1) never below "
-          f"{figures.min_ready} pods Ready ({figures.pod_reads} reads)")
+          f"{figures.min_ready} pods Ready ({figures.pod_reads} reads); first at that count: {figures.lowest[:1]}")
 
 
 def test_etcd_snapshot_then_restore_brings_back_what_was_deleted(day2, cluster, capsys):
@@ -453,10 +461,11 @@ def test_reset_takes_the_cluster_apart_and_up_builds_it_again(day2, cluster, cap
     assert run(["reset", inventory, "--yes-destroy-the-cluster"]) == 0, capsys.readouterr().out[-4000:]
     assert not cluster["kubeconfig"].exists()  # the credentials of a cluster that is gone
     for host in ("cp1", "cp2", "cp3", "w1", "w2"):
-        left = ssh(cluster, f"{NAME}-{host}", "ls /etc/kubernetes/kubelet.conf /var/lib/etcd 2>/dev/null; "
+        # kubeadm reset empties etcd's data directory and keeps the directory itself.
+        left = ssh(cluster, f"{NAME}-{host}", "ls -d /etc/kubernetes/kubelet.conf /var/lib/etcd/* 2>/dev/null; "
                                               "systemctl is-active kubelet haproxy; dpkg-query -W -f='${Version}' kubeadm")
         lines = left.stdout.split()
-        assert "/etc/kubernetes/kubelet.conf" not in lines and "/var/lib/etcd" not in lines, (host, left.stdout)
+        assert not [line for line in lines if line.startswith("/")], (host, left.stdout)
         assert lines[:2] == ["inactive", "inactive"] and lines[2].startswith(cluster["version"].lstrip("v")), lines
     # A plain `up` finds every result gone and builds the cluster anew.
     capsys.readouterr()

@@ -27,6 +27,9 @@ class ProbeFigures:
     min_ready: int | None = None
     pod_reads: int = 0
     failed_reasons: dict[str, int] = field(default_factory=dict)
+    # The first reads at the lowest count: when (the clock, as in gpuboot's run log) and each pod as read
+    # (node, Ready, the condition's reason), so a dip can be told from a drain or a starved node.
+    lowest: list[tuple[str, list[str]]] = field(default_factory=list)
 
 
 class ApiProbe:
@@ -75,10 +78,14 @@ class ApiProbe:
             body = json.loads(self._get(f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}"))
         except (urllib.error.URLError, OSError, TimeoutError, ValueError):
             return  # counted by the /readyz reads
-        ready = sum(1 for pod in body.get("items", []) if not pod["metadata"].get("deletionTimestamp") and any(
-            c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", [])))
+        pods = body.get("items", [])
+        ready = sum(1 for pod in pods if not pod["metadata"].get("deletionTimestamp") and _ready(pod)[0] == "True")
         self.figures.pod_reads += 1
         current = self.figures.min_ready
+        if current is None or ready < current:
+            self.figures.lowest = []
+        if (current is None or ready <= current) and len(self.figures.lowest) < 5:
+            self.figures.lowest.append((time.strftime("%H:%M:%S"), [_describe(p) for p in pods]))
         self.figures.min_ready = ready if current is None else min(current, ready)
 
     def __enter__(self) -> ApiProbe:
@@ -89,3 +96,16 @@ class ApiProbe:
         self._stop.set()
         self._thread.join(timeout=5)
         self._keys.cleanup()
+
+
+def _ready(pod: dict) -> tuple[str, str]:
+    for condition in pod.get("status", {}).get("conditions", []):
+        if condition["type"] == "Ready":
+            return condition["status"], condition.get("reason", "")
+    return "Unknown", "no Ready condition"
+
+
+def _describe(pod: dict) -> str:
+    status, reason = _ready(pod)
+    deleting = " deleting" if pod["metadata"].get("deletionTimestamp") else ""
+    return f"{pod['metadata']['name']}@{pod['spec'].get('nodeName', '-')} ready={status} {reason}{deleting}".strip()
