@@ -61,6 +61,7 @@ def test_nodes_pull_original_names_through_the_mirror_only(airgap_lab, tmp_path,
     gateway = str(next(ip_network(SUBNET).hosts()))
     creds = tmp_path / "secrets" / "mirror.json"
     creds.parent.mkdir(mode=0o700)
+    creds.touch(mode=0o600)
     creds.write_text(json.dumps({"username": "nodes", "password": "Lab-mirror-pw-1"}))
     packages_dir = tmp_path / "mirror-packages"
     mirror = start(ServeSpec(tmp_path / "mirror", f"{gateway}:{free_port(gateway)}", credentials_file=creds,

@@ -30,6 +30,8 @@ def test_planted_secrets_never_reach_artifacts_logs_state_or_terminal(lab, tmp_p
     secret_dir.mkdir(mode=0o700)
     (secret_dir / "mirror.json").write_text(f'{{"username": "gpuboot", "password": "{planted["mirror credentials"]}"}}')
     (secret_dir / "git-token").write_text(planted["git credentials"])
+    for secret in secret_dir.iterdir():
+        secret.chmod(0o600)  # gpuboot refuses a secret others can read
     # A token in the operator's shell: ansible-runner records the environment of each run.
     monkeypatch.setenv("GPUBOOT_TEST_OPERATOR_TOKEN", planted["operator environment"])
     key_text = (lab["lab"].dir / "id_ed25519").read_text()

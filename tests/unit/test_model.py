@@ -157,6 +157,9 @@ def test_check_files_reports_missing_secret_files(tmp_path):
         load_cluster(inv, check_files=True)
     (tmp_path / "keys").mkdir()
     (tmp_path / "keys" / "missing").write_text("x")
+    with pytest.raises(InventoryError, match="readable by others"):
+        load_cluster(inv, check_files=True)
+    (tmp_path / "keys" / "missing").chmod(0o600)
     load_cluster(inv, check_files=True)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections import defaultdict
 from ipaddress import IPv4Address, ip_address
 from pathlib import Path
@@ -210,17 +211,54 @@ def references(settings: GpubootSettings, nodes: list[Node], where: Where, inven
                                     f"add it to the bastion group{' (have: ' + ', '.join(sorted(bastions)) + ')' if bastions else ''}"))
     if not check_files:
         return problems
+    mirror = settings.mirror
     refs = [(("ssh", "private_key_file"), settings.ssh.private_key_file),
-            (("mirror", "ca_file"), settings.mirror.ca_file),
-            (("mirror", "credentials_file"), settings.mirror.credentials_file)]
+            (("mirror", "ca_file"), mirror.ca_file),
+            (("mirror", "credentials_file"), mirror.credentials_file),
+            (("mirror", "packages_key_file"), mirror.packages_key_file),
+            (("mirror", "tls_cert_file"), mirror.tls_cert_file),
+            (("mirror", "tls_key_file"), mirror.tls_key_file)]
     if settings.gitops:
         refs.append((("gitops", "credentials_file"), settings.gitops.credentials_file))
     for path, value in refs:
-        if value and not resolve_path(value, inventory.parent).is_file():
-            problems.append(Problem(where.file, where.child(*path).line, "gpuboot." + ".".join(path),
-                                    f"file {value} does not exist",
-                                    "create it, or fix the path (relative paths start at the inventory's folder)"))
+        if value:
+            found = _file_problem(value, inventory.parent, secret=path in SECRET_FILES)
+            if found:
+                problems.append(Problem(where.file, where.child(*path).line, "gpuboot." + ".".join(path), *found))
     return problems
+
+
+# Files whose content is a secret: gpuboot refuses them readable by anyone but their owner,
+# as ssh refuses such a private key.
+SECRET_FILES = {("ssh", "private_key_file"), ("mirror", "credentials_file"), ("mirror", "tls_key_file"),
+                ("gitops", "credentials_file")}
+
+
+def _file_problem(value: str, inventory_dir: Path, *, secret: bool) -> tuple[str, str] | None:
+    """What is wrong with a file the inventory names, as (message, fix), or None.
+
+    A relative path is the inventory's own file: it must stay inside the inventory's folder
+    once '..' and symlinks are resolved (an inventory from a shared repository must not be
+    able to point gpuboot at the operator's other files and copy them to the nodes). An
+    absolute path (or ~) is the operator's explicit choice."""
+    path = resolve_path(value, inventory_dir)
+    if not path.exists():
+        return (f"file {value} does not exist",
+                "create it, or fix the path (relative paths start at the inventory's folder)")
+    if not Path(os.path.expanduser(value)).is_absolute():
+        real, base = path.resolve(), inventory_dir.resolve()
+        if not real.is_relative_to(base):
+            how = "'..'" if ".." in Path(value).parts else "a symlink"
+            return (f"{value} resolves to {real}, outside the inventory's folder {base} (through {how})",
+                    "write the file's absolute path if it belongs elsewhere, or put the file itself in the "
+                    "inventory's folder")
+    if not path.is_file():
+        return f"{value} is not a regular file", "point it at the file itself"
+    mode = path.stat().st_mode
+    if secret and mode & 0o077:
+        return (f"{value} holds a secret and is readable by others (mode {stat.S_IMODE(mode):04o})",
+                f"chmod 600 {path}")
+    return None
 
 
 def node_os(settings: GpubootSettings, release, where: Where) -> list[Problem]:

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from gpuboot.config.inventory import Where
+from gpuboot.config.model import FORMS
 from gpuboot.errors import Problem
 
 FIXES = {
@@ -71,7 +72,9 @@ def _message(err: dict, fields: list[str] | None) -> tuple[str, str | None]:
         expected = err.get("ctx", {}).get("expected", "")
         return f"{shown!r} is not allowed", f"use one of {expected}"
     if kind == "string_pattern_mismatch":
-        return f"{shown!r} has the wrong form", f"it must match {err['ctx']['pattern']}"
+        pattern = err["ctx"]["pattern"]
+        form = FORMS.get(pattern)
+        return f"{shown!r} has the wrong form", f"write {form}" if form else f"it must match {pattern}"
     if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
         bound = err["msg"].lower().removeprefix("input should be ")
         return f"{shown} is out of range", f"use a value {bound}"

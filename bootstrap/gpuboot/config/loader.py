@@ -87,12 +87,21 @@ def _gpu_misfits(inv: AnsibleInventory, plan: gpu_plan.GpuPlan) -> list[Problem]
 
 
 def load_cluster(path: str | Path, *, check_files: bool = False, releases_dir: Path | None = None) -> Cluster:
-    """Read and validate an inventory without touching any host."""
+    """Read and validate an inventory without touching any host. The first read skips
+    Ansible's per-value origin tags (most of the time of a large inventory); an inventory
+    with problems is read again with them, so that each problem names its file and line."""
     path = Path(path)
     if not path.is_file():
         raise InventoryError([Problem(str(path), None, "", "no such inventory file",
                                       "pass the path of an Ansible inventory file (YAML or INI)")])
-    inv = read_inventory(path)
+    try:
+        return _validated(path, check_files, releases_dir, located=False)
+    except InventoryError:
+        return _validated(path, check_files, releases_dir, located=True)
+
+
+def _validated(path: Path, check_files: bool, releases_dir: Path | None, *, located: bool) -> Cluster:
+    inv = read_inventory(path, located=located)
     if inv.manager is None:
         raise InventoryError(inv.problems)
     problems = list(inv.problems)

@@ -20,9 +20,49 @@ PCI_ADDRESS = r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 HOST_PORT = r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?$"
 
+# Every free-form string that reaches a config file, a manifest or a command line has a
+# form: a newline, a quote, a brace or a shell character in one is refused at validation
+# (they would inject into keepalived.conf, kubeadm's YAML or a template), not escaped later.
+DNS_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$"
+HOST_NAME = r"^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$"
+IFNAME = r"^[A-Za-z0-9_.-]{1,15}$"
+UNIX_USER = r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
+URL = r"^(https?|ssh)://[^\s\"'\\{}<>`$]+$"
+GIT_URL = r"^((https?|ssh)://[^\s\"'\\{}<>`$]+|[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[^\s\"'\\{}<>`$]+)$"
+GIT_REF = r"^[A-Za-z0-9][A-Za-z0-9_/-]*(\.[A-Za-z0-9_/-]+)*$"
+REPO_PATH = r"^[A-Za-z0-9_][A-Za-z0-9_/-]*(\.[A-Za-z0-9_/-]+)*$"
+KERNEL_RELEASE = r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,63}$"
+RELEASE_NAME = r"^[a-z0-9][-a-z0-9.]{0,62}$"
+PLAIN_PATH = r"^[^\x00-\x1f\x7f]+$"
+COMMAND = r"^[^\s\"'\\{}`$;|&<>]+$"
+HOST_PATTERN = r"^[^\s\"'\\{}`$;|<>]+$"
+GROUP_NAME = r"^[^\x00-\x1f\x7f\"'\\{}`$]{1,253}$"
+# What each form is, in an operator's words (validation errors say this, not the expression).
+FORMS = {
+    DNS_LABEL: "a DNS label: lowercase letters, digits and '-', at most 63",
+    DNS_NAME: "a lowercase DNS name (labels of letters, digits and '-', joined by dots)",
+    HOST_NAME: "a host name or an IPv4 address",
+    HOST_PORT: "host or host:port",
+    IFNAME: "a Linux interface name: at most 15 letters, digits, '_', '.' or '-'",
+    UNIX_USER: "a login name: a letter or '_', then letters, digits, '_', '.' or '-'",
+    URL: "an http(s):// or ssh:// URL without spaces, quotes, braces or '$'",
+    GIT_URL: "a Git URL (https://, ssh:// or user@host:path) without spaces, quotes, braces or '$'",
+    GIT_REF: "a branch name: letters, digits, '.', '_', '/' or '-', no '..'",
+    REPO_PATH: "a relative path in the repository: letters, digits, '.', '_', '/' or '-', no '..'",
+    KERNEL_RELEASE: "a kernel release as `uname -r` prints it",
+    RELEASE_NAME: "a release name of the version matrix, e.g. k8s-1.35",
+    PLAIN_PATH: "a file path on one line",
+    COMMAND: "a command name or path without spaces or shell characters",
+    HOST_PATTERN: "an Ansible host pattern without spaces, quotes or shell characters",
+    GROUP_NAME: "a group name on one line, without quotes, braces, '$' or backslashes",
+    QUANTITY: "a Kubernetes quantity such as 64, 500m or 256Gi",
+    PCI_ADDRESS: "a PCI address such as 0000:18:00.0",
+    RESOURCE_NAME: "a Kubernetes extended resource name such as nvidia.com/rdma_a",
+}
+
 DnsLabel = Annotated[str, Field(pattern=DNS_LABEL)]
 Quantity = Annotated[str, Field(pattern=QUANTITY)]
-FilePath = Annotated[str, Field(min_length=1)]
+FilePath = Annotated[str, Field(min_length=1, pattern=PLAIN_PATH)]
 
 
 class Strict(BaseModel):
@@ -37,8 +77,8 @@ class ControlPlaneEndpoint(Strict):
     # The port clients use on the VIP. With keepalived_haproxy, haproxy runs on the control
     # planes beside the API servers, so it needs a port of its own (kubeadm's HA guide: 8443).
     port: int | None = Field(None, ge=1, le=65535)
-    dns_name: str | None = None
-    interface: str | None = None
+    dns_name: Annotated[str, Field(pattern=DNS_NAME, max_length=253)] | None = None
+    interface: Annotated[str, Field(pattern=IFNAME)] | None = None
     virtual_router_id: int = Field(51, ge=1, le=255)
 
     @field_validator("port")
@@ -74,7 +114,7 @@ class Calico(Strict):
 class Networking(Strict):
     pod_cidr: IPv4Network = IPv4Network("10.244.0.0/16")
     service_cidr: IPv4Network = IPv4Network("10.96.0.0/12")
-    dns_domain: str = "cluster.local"
+    dns_domain: Annotated[str, Field(pattern=DNS_NAME, max_length=253)] = "cluster.local"
     # calico: production (tigera-operator). bridge: the CNI reference plugins with a route per
     # node, for clusters on one L2 segment without network policy (the lab).
     cni: Literal["calico", "bridge"] = "calico"
@@ -95,10 +135,10 @@ class Networking(Strict):
 
 
 class Ssh(Strict):
-    user: str = "root"
+    user: Annotated[str, Field(pattern=UNIX_USER)] = "root"
     private_key_file: FilePath | None = None
     port: int = Field(22, ge=1, le=65535)
-    jump_host: str | None = None
+    jump_host: Annotated[str, Field(pattern=HOST_NAME, max_length=253)] | None = None
     host_key_checking: bool = True
 
 
@@ -106,7 +146,7 @@ class Tools(Strict):
     """Programs gpuboot runs on the control machine (never on a node)."""
 
     # Renders the add-ons' charts (`helm template`, as Argo CD does): a command on PATH or a path.
-    helm: Annotated[str, Field(min_length=1)] = "helm"
+    helm: Annotated[str, Field(pattern=COMMAND)] = "helm"
 
 
 class Mirror(Strict):
@@ -114,7 +154,7 @@ class Mirror(Strict):
     registry: Annotated[str, Field(pattern=HOST_PORT)] | None = None
     ca_file: FilePath | None = None
     credentials_file: FilePath | None = None
-    packages_url: str | None = None
+    packages_url: Annotated[str, Field(pattern=URL)] | None = None
     # Signing key of the package repository at packages_url (apt signed-by, rpm gpgkey).
     packages_key_file: FilePath | None = None
     # The mirror host's own certificate and key (`gpuboot mirror cert` issues them from the CA).
@@ -137,7 +177,7 @@ class NodeOs(Strict):
 
     id: OsId
     # Checked against the release (a kernel string, not older than its min_kernel) in checks.node_os.
-    kernels: list[Annotated[str, Field(min_length=1)]] = []
+    kernels: list[Annotated[str, Field(pattern=KERNEL_RELEASE)]] = []
     architectures: list[Literal["amd64", "arm64"]] = ["amd64"]
 
 
@@ -183,9 +223,9 @@ class GpuOperator(Strict):
 
 
 class GitOps(Strict):
-    repo_url: str
-    branch: str = "main"
-    path: str = "clusters"
+    repo_url: Annotated[str, Field(pattern=GIT_URL)]
+    branch: Annotated[str, Field(pattern=GIT_REF, max_length=100)] = "main"
+    path: Annotated[str, Field(pattern=REPO_PATH, max_length=200)] = "clusters"
     credentials_file: FilePath | None = None
 
 
@@ -198,13 +238,13 @@ class TenantQuota(Strict):
 class Tenant(Strict):
     name: DnsLabel
     quota: TenantQuota = TenantQuota()
-    groups: list[str] = []
+    groups: list[Annotated[str, Field(pattern=GROUP_NAME)]] = []
     priority_class: DnsLabel | None = None
 
 
 class GpubootSettings(Strict):
     cluster_name: DnsLabel
-    release: str
+    release: Annotated[str, Field(pattern=RELEASE_NAME)]
     control_plane: ControlPlaneEndpoint
     networking: Networking = Networking()
     ssh: Ssh = Ssh()
@@ -217,7 +257,7 @@ class GpubootSettings(Strict):
     tenants: list[Tenant] = []
     # Ansible host patterns (hosts or groups) of the inventory that gpuboot leaves alone:
     # monitoring boxes, storage, ... Every other host must be in a gpuboot group.
-    ignored_hosts: list[Annotated[str, Field(min_length=1)]] = []
+    ignored_hosts: list[Annotated[str, Field(pattern=HOST_PATTERN)]] = []
 
 
 DriverKind = Literal["container", "precompiled", "preinstalled"]
@@ -268,7 +308,7 @@ class NodeSettings(Strict):
     # What this node runs when it differs from gpuboot.node_os: `<id>-<VERSION_ID>` (the driver
     # image tag of some OSes carries the minor, e.g. rhel-9.6) and `uname -r`.
     os: OsId | None = None
-    kernel: Annotated[str, Field(min_length=1)] | None = None
+    kernel: Annotated[str, Field(pattern=KERNEL_RELEASE)] | None = None
 
 
 class Node(BaseModel):

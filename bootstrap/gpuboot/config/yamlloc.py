@@ -14,7 +14,8 @@ GROUP_KEYS = ("hosts", "vars", "children")
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _compose(path: Path) -> tuple[yaml.Node | None, list[Problem]]:
+def _compose(path: Path, keep: dict[str, yaml.Node] | None = None) -> tuple[yaml.Node | None, list[Problem]]:
+    """The file's node tree; `keep` collects it (by path) for a later plain build."""
     name = str(path)
     try:
         text = path.read_bytes().decode("utf-8")
@@ -24,7 +25,10 @@ def _compose(path: Path) -> tuple[yaml.Node | None, list[Problem]]:
         return None, [Problem(name, None, "", f"cannot read: {exc.strerror}")]
     loader = _Loader(text)
     try:
-        return loader.get_single_node(), []
+        node = loader.get_single_node()
+        if keep is not None and node is not None:
+            keep[name] = node
+        return node, []
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         return None, [Problem(name, mark.line + 1 if mark else None, "", f"YAML syntax error: {exc.problem or exc}",
@@ -43,6 +47,8 @@ def _duplicates(node: yaml.Node, path: tuple, file: str, out: list[Problem]) -> 
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue  # a complex key: Ansible's own read reports it
             key = key_node.value
             here = (*path, key)
             if key in seen:
@@ -56,9 +62,9 @@ def _duplicates(node: yaml.Node, path: tuple, file: str, out: list[Problem]) -> 
             _duplicates(item, (*path, index), file, out)
 
 
-def lint(path: Path) -> list[Problem]:
+def lint(path: Path, keep: dict[str, yaml.Node] | None = None) -> list[Problem]:
     """A vars file: syntax and duplicate keys."""
-    node, problems = _compose(path)
+    node, problems = _compose(path, keep)
     if node is not None:
         _duplicates(node, (), str(path), problems)
     return problems
@@ -94,9 +100,9 @@ def _group(node: yaml.Node, path: tuple, file: str, out: list[Problem], depth: i
                     _group(child_node, (*path, "children", child_key.value), file, out, depth + 1)
 
 
-def lint_inventory(path: Path) -> list[Problem]:
+def lint_inventory(path: Path, keep: dict[str, yaml.Node] | None = None) -> list[Problem]:
     """A YAML inventory: syntax, duplicate keys, and the shape Ansible's yaml plugin reads."""
-    node, problems = _compose(path)
+    node, problems = _compose(path, keep)
     if node is None:
         return problems
     file = str(path)
@@ -108,3 +114,49 @@ def lint_inventory(path: Path) -> list[Problem]:
     for key_node, value_node in node.value:
         _group(value_node, (key_node.value,), file, problems)
     return problems
+
+
+class NotPlain(Exception):
+    """A node the plain build leaves to Ansible's own loader (a tag such as !vault or
+    !unsafe, a set, a key that is not a scalar)."""
+
+
+_STR, _MAP, _SEQ = "tag:yaml.org,2002:str", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
+_SCALARS = {f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float", "timestamp", "binary")}
+
+
+def build(node: yaml.Node) -> object:
+    """The data of a composed tree as YAML 1.1's safe constructor builds it (merge keys
+    flattened, an alias the same object), without Ansible's per-value origin tags: the
+    fast path for a large inventory that has nothing to report."""
+    safe = yaml.constructor.SafeConstructor()
+    memo: dict[int, object] = {}
+
+    def one(item: yaml.Node) -> object:
+        known = memo.get(id(item))
+        if known is not None:
+            return known
+        tag = item.tag
+        if isinstance(item, yaml.ScalarNode):
+            if tag == _STR:
+                return item.value
+            if tag in _SCALARS:
+                return safe.construct_object(item, deep=True)
+            raise NotPlain(tag)
+        if isinstance(item, yaml.SequenceNode) and tag == _SEQ:
+            items: list = []
+            memo[id(item)] = items
+            items.extend(one(child) for child in item.value)
+            return items
+        if isinstance(item, yaml.MappingNode) and tag == _MAP:
+            safe.flatten_mapping(item)
+            mapping: dict = {}
+            memo[id(item)] = mapping
+            for key_node, value_node in item.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise NotPlain("a key that is not a scalar")
+                mapping[one(key_node)] = one(value_node)
+            return mapping
+        raise NotPlain(tag)
+
+    return one(node)
