@@ -26,6 +26,14 @@ class RunStarted(Event):
 
 
 @dataclass(frozen=True)
+class ProcessesStopped(Event):
+    """Processes an earlier run left behind (gpuboot was killed, its ansible-playbook and
+    workers were not), stopped before this run touches a host."""
+    pids: list[int]
+    runs: list[str]
+
+
+@dataclass(frozen=True)
 class PhaseStarted(Event):
     phase: str
     title: str

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import ansible_runner
 
+from gpuboot import processes
 from gpuboot.ansible.translate import translate
 from gpuboot.events import Event
 from gpuboot.files import write_private
@@ -94,7 +95,7 @@ def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
         playbook=str(request.playbook),
         inventory=str(request.inventory),
         extravars=_extravars_file(request),
-        envvars={"PATH": _path_with_this_python(), **request.envvars},
+        envvars={"PATH": _path_with_this_python(), processes.RUN_MARK: str(request.artifact_dir), **request.envvars},
         fact_cache=str(request.fact_cache) if request.fact_cache else None,
         forks=request.forks,
         limit=",".join(request.limit) or None,
@@ -105,6 +106,10 @@ def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
         event_handler=handle,
         cancel_callback=(lambda: cancel.is_set()) if cancel is not None else None,
     )
+    if runner.status in ("canceled", "timeout"):
+        # ansible-runner killed ansible-playbook's process group; its workers, each in a
+        # session of its own, and the commands they run are still going.
+        processes.stop(processes.marked(request.artifact_dir))
     _scrub_command_record(request.artifact_dir / request.ident / "command")
     return PlaybookResult(
         status=str(runner.status),

@@ -14,11 +14,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from gpuboot import content
+from gpuboot import content, processes
 from gpuboot.ansible.runner import PlaybookResult, PlaybookRun, run_playbook
 from gpuboot.config.model import Cluster
 from gpuboot.errors import GpubootError, Interrupted, LockedError, PhaseFailed
-from gpuboot.events import Event, Failure, HostResult, PhaseFinished, PhaseSkipped, PhaseStarted, PlaybookStats, RunFinished, RunStarted
+from gpuboot.events import (
+    Event,
+    Failure,
+    HostResult,
+    PhaseFinished,
+    PhaseSkipped,
+    PhaseStarted,
+    PlaybookStats,
+    ProcessesStopped,
+    RunFinished,
+    RunStarted,
+)
 from gpuboot.phases import convergence
 from gpuboot.phases.catalog import Phase
 from gpuboot.runlog import RunLog, tee
@@ -237,6 +248,15 @@ class Engine:
                 decision[phase.name] = (True, "every later phase is converged")
         return decision
 
+    def _stop_leftovers(self) -> None:
+        """Holding the state lock, no other gpuboot of this state directory is alive: any
+        process still marked with one of its runs was left by a run that was killed."""
+        left = processes.marked(self.state.root)
+        if not left:
+            return
+        runs = sorted({run for pid in left if (run := processes.run_of(pid, self.state.root / "runs"))})
+        self.sink(ProcessesStopped(processes.stop(left), runs))
+
     def run(self, phases: list[Phase]) -> RunFinished:
         run_id = new_run_id()
         run_dir = self.state.run_dir(run_id)
@@ -256,6 +276,7 @@ class Engine:
         locked = False
         try:
             with self.state.lock(self.options.command):
+                self._stop_leftovers()
                 probe = None
                 if on_hosts:
                     entries = convergence.state_phases([(p, digests[p.name], hosts[p.name]) for p in phases],

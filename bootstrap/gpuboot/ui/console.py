@@ -10,7 +10,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from gpuboot.events import Event, HostResult, PhaseFinished, PhaseSkipped, PhaseStarted, PlaybookStats, RunFinished, RunStarted, TaskStarted
+from gpuboot.events import (
+    Event,
+    HostResult,
+    PhaseFinished,
+    PhaseSkipped,
+    PhaseStarted,
+    PlaybookStats,
+    ProcessesStopped,
+    RunFinished,
+    RunStarted,
+    TaskStarted,
+)
 
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "magenta", "interrupted": "red"}
 
@@ -54,6 +65,9 @@ class ConsoleProgress:
                                      transient=True)
             self.progress.start()
             self.bar = self.progress.add_task("starting", total=len(event.phases))
+        elif isinstance(event, ProcessesStopped):
+            self.console.print(f"[yellow]stopped {len(event.pids)} processes left by the killed run "
+                               f"{', '.join(event.runs) or '?'}[/] (pids {', '.join(map(str, event.pids))})")
         elif isinstance(event, PhaseStarted):
             self.phase, self.task, self.counts = event.phase, "", Counter()
             because = f" [dim]— {escape(event.reason)}[/]" if event.reason else ""

@@ -1,0 +1,119 @@
+"""A run's processes are stopped with it, all of them: ansible-playbook, and its workers,
+which Ansible starts in sessions of their own (out of reach of ansible-runner's kill of
+ansible-playbook's process group), and the commands they run. Real ansible-playbook over
+the local connection; after a cancel nothing is left, and after gpuboot itself is killed
+(SIGKILL, which nothing catches) the next run stops what was left before it starts."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from gpuboot import processes
+from gpuboot.ansible.runner import PlaybookRun, run_playbook
+from gpuboot.config.loader import load_cluster
+from gpuboot.events import ProcessesStopped
+from gpuboot.phases.catalog import UP
+from gpuboot.phases.engine import Engine, RunOptions
+from gpuboot.state import ClusterState
+from tests.doubles.runner_double import RunnerDouble, ScriptedPhase
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAY = """\
+- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.command: sleep 300
+"""
+
+
+def _site(tmp_path: Path) -> tuple[Path, Path]:
+    play, inventory = tmp_path / "play.yml", tmp_path / "inventory.ini"
+    play.write_text(PLAY)
+    inventory.write_text("".join(f"h{i} ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+                                 for i in range(3)))
+    return play, inventory
+
+
+def _sleeps(mark_root: Path) -> list[int]:
+    return [p for p in processes.marked(mark_root)
+            if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep\x00300\x00")]
+
+
+def _wait_for(condition, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_a_cancelled_playbook_leaves_no_worker_and_no_command_behind(tmp_path):
+    play, inventory = _site(tmp_path)
+    artifacts = tmp_path / "runs" / "r1" / "phases"
+    cancel = threading.Event()
+    watcher = threading.Thread(target=lambda: (_wait_for(lambda: len(_sleeps(tmp_path)) == 3), cancel.set()))
+    watcher.start()
+    result = run_playbook(PlaybookRun(play, inventory, artifacts, "p"), lambda e: None, cancel=cancel)
+    watcher.join()
+    assert result.status == "canceled"
+    # Ansible's workers run in sessions of their own: ansible-runner's kill does not reach them.
+    assert processes.marked(tmp_path) == []
+
+
+DRIVER = """\
+import sys
+from pathlib import Path
+from gpuboot.ansible.runner import PlaybookRun, run_playbook
+run_playbook(PlaybookRun(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), "p"), lambda e: None)
+"""
+
+
+def test_after_gpuboot_is_killed_the_next_run_stops_what_it_left(tmp_path):
+    play, inventory = _site(tmp_path)
+    cluster = load_cluster(ROOT / "inventories" / "sample" / "inventory.yml")
+    state = ClusterState.for_cluster(tmp_path / "state", cluster.settings.cluster_name)
+    killed_run = state.root / "runs" / "20261124T000000-dead" / "phases"
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(play), str(inventory), str(killed_run)],
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "bootstrap")})
+    try:
+        _wait_for(lambda: len(_sleeps(state.root)) == 3)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        time.sleep(1)
+        orphans = processes.marked(state.root)
+        assert len(orphans) >= 1 + 3 + 3, orphans  # ansible-playbook, its workers and their commands
+
+        events = []
+        runner = RunnerDouble({"preflight": ScriptedPhase({"cp01": "ok"})})
+        phases = [p for p in UP if p.name == "preflight"]
+        finished = Engine(cluster, state, RunOptions(), events.append, runner=runner).run(phases)
+        assert finished.status == "ok"
+        stopped = [e for e in events if isinstance(e, ProcessesStopped)]
+        assert len(stopped) == 1 and stopped[0].runs == ["20261124T000000-dead"]
+        assert set(orphans) <= set(stopped[0].pids)
+        assert processes.marked(state.root) == []
+        log = Path(finished.log).read_text()
+        assert "ProcessesStopped" in log and "20261124T000000-dead" in log
+    finally:
+        processes.stop(processes.marked(state.root), grace=1)
+        if driver.poll() is None:
+            driver.kill()
+
+
+def test_ssh_control_masters_of_a_run_are_left_to_serve_the_next_phase(tmp_path):
+    mark = tmp_path / "runs" / "r1" / "phases"
+    env = {**os.environ, processes.RUN_MARK: str(mark)}
+    master = subprocess.Popen(["bash", "-c", "exec -a 'ssh: /root/.ansible/cp/abc [mux]' sleep 60"], env=env)
+    worker = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+    try:
+        _wait_for(lambda: worker.pid in processes.marked(tmp_path), timeout=10)
+        assert master.pid not in processes.marked(tmp_path)
+        assert processes.stop(processes.marked(tmp_path), grace=2) == [worker.pid]
+        assert worker.wait(timeout=5) == -signal.SIGTERM and master.poll() is None
+    finally:
+        master.kill()
+        worker.kill()
