@@ -30,8 +30,8 @@ def inline_secrets(data: Any, where: Where, prefix: str, path: tuple = ()) -> li
     if isinstance(data, dict):
         for key, value in data.items():
             here = (*path, key)
-            dotted = ".".join(str(p) for p in (prefix, *here))
             if SECRET_KEY.search(str(key)) and not str(key).endswith("_file"):
+                dotted = ".".join(str(p) for p in (prefix, *here))
                 found.append(Problem(where.file, where.child(*here).line, dotted,
                                      "a secret is written inline",
                                      f"put it in a file only you can read and reference it as {key}_file"))

@@ -135,7 +135,8 @@ class AnsibleInventory:
         """Ansible's own host patterns (groups, `a:b`, `a:&b`, `a:!b`, `g[0]`, `g[1:]`)."""
         if self.manager is None:
             return []
-        return [h.name for h in self.manager.get_hosts(pattern=pattern, ignore_restrictions=True)]
+        with _quiet_ansible():  # a group the inventory does not have matches no host, silently
+            return [h.name for h in self.manager.get_hosts(pattern=pattern, ignore_restrictions=True)]
 
 
 @contextmanager

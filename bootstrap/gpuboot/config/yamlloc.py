@@ -11,7 +11,23 @@ import yaml
 from gpuboot.errors import Problem
 
 GROUP_KEYS = ("hosts", "vars", "children")
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """libyaml's parser with the safe resolver's answers remembered: an inventory repeats
+    the same scalars (counts, link types, booleans) thousands of times, and the resolver's
+    regular expressions run in Python for each."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self._resolved: dict = {}
+
+    def resolve(self, kind, value, implicit):
+        key = (kind, value, implicit)
+        tag = self._resolved.get(key)
+        if tag is None:
+            tag = self._resolved[key] = super().resolve(kind, value, implicit)
+        return tag
 
 
 def _compose(path: Path, keep: dict[str, yaml.Node] | None = None) -> tuple[yaml.Node | None, list[Problem]]:
@@ -133,9 +149,6 @@ def build(node: yaml.Node) -> object:
     memo: dict[int, object] = {}
 
     def one(item: yaml.Node) -> object:
-        known = memo.get(id(item))
-        if known is not None:
-            return known
         tag = item.tag
         if isinstance(item, yaml.ScalarNode):
             if tag == _STR:
@@ -143,6 +156,9 @@ def build(node: yaml.Node) -> object:
             if tag in _SCALARS:
                 return safe.construct_object(item, deep=True)
             raise NotPlain(tag)
+        known = memo.get(id(item))
+        if known is not None:
+            return known
         if isinstance(item, yaml.SequenceNode) and tag == _SEQ:
             items: list = []
             memo[id(item)] = items
