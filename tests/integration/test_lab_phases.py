@@ -76,6 +76,8 @@ def test_host_key_checking_is_on(lab, tmp_path, capsys):
     unreachable = [e for e in events if e["event"] == "HostResult" and e["status"] == "unreachable"]
     assert [e["host"] for e in unreachable] == [victim]
     assert "host key" in unreachable[0]["message"].lower() or "Host key verification failed" in unreachable[0]["message"]
+    # ...with what to do about it, and never the switch that turns checking off.
+    assert "ssh-keygen -R" in unreachable[0]["message"] and "not the fix" in unreachable[0]["message"]
 
 
 def test_preflight_reports_every_problem_on_every_host_at_once(lab, tmp_path, capsys):

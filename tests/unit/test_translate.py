@@ -60,3 +60,25 @@ def test_stats():
 def test_other_events_are_ignored():
     assert translate(ev("verbose")) is None
     assert translate({"event": "runner_item_on_ok", "event_data": {}}) is None
+
+
+CHANGED_KEY = """Failed to connect to the host via ssh: @@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
+@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @
+@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
+IT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!
+Offending ED25519 key in /home/ops/.ssh/known_hosts:7
+Host key verification failed."""
+
+
+def test_a_changed_host_key_is_refused_with_the_fix_and_never_the_switch():
+    unreachable = translate(ev("runner_on_unreachable", host="gpu07", task="t",
+                               res={"msg": CHANGED_KEY, "unreachable": True}))
+    assert unreachable.status == "unreachable" and "REMOTE HOST IDENTIFICATION HAS CHANGED" in unreachable.message
+    fix = unreachable.message.split("\nfix: ", 1)[1]
+    assert "line 7 of /home/ops/.ssh/known_hosts" in fix and "ssh-keygen -R" in fix and "out of band" in fix
+    assert "not the fix" in fix
+    unknown = translate(ev("runner_on_unreachable", host="gpu08", task="t",
+                           res={"msg": "Failed to connect: Host key verification failed.", "unreachable": True}))
+    assert "its line in known_hosts" in unknown.message
+    plain = translate(ev("runner_on_unreachable", host="gpu09", task="t", res={"msg": "Connection timed out"}))
+    assert "fix:" not in plain.message

@@ -1,6 +1,7 @@
 """ansible-runner event dicts -> typed events. Pure: no runner import, easy to test."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gpuboot.events import Event, HostCounts, HostResult, PlaybookStats, PlayStarted, TaskStarted
@@ -25,13 +26,32 @@ def _message(res: Any) -> str:
     return ""
 
 
+# ssh's own words when a host's key is not the one known_hosts holds.
+_CHANGED_KEY = re.compile(r"Offending \S+ key in (\S+):(\d+)")
+
+
+def _host_key_fix(message: str) -> str:
+    """What to do when ssh refused a host for its key (host-key checking stays on)."""
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" not in message and "Host key verification failed" not in message:
+        return ""
+    offending = _CHANGED_KEY.search(message)
+    where = f"line {offending.group(2)} of {offending.group(1)}" if offending else "its line in known_hosts"
+    return (f"\nfix: the host's SSH key is not the one known_hosts holds. If the node was reinstalled, confirm "
+            f"its new key out of band (its console: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub), remove "
+            f"{where} (ssh-keygen -R ADDRESS -f FILE) and add the confirmed key; otherwise treat it as an "
+            f"attack. Turning host-key checking off is not the fix.")
+
+
 def _host_result(data: dict, status: str) -> HostResult:
     res = data.get("res")
+    message = _message(res) if status in ("failed", "unreachable", "ignored") else ""
+    if status == "unreachable":
+        message += _host_key_fix(message)
     return HostResult(
         host=str(data.get("host", "?")),
         task=str(data.get("task", "")),
         status=status,  # type: ignore[arg-type]
-        message=_message(res) if status in ("failed", "unreachable", "ignored") else "",
+        message=message,
         # gpuboot's own modules return structured data under this key (never secrets).
         data=res.get("gpuboot_result") if isinstance(res, dict) else None,
     )
