@@ -10,18 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from gpuboot.events import (
-    Event,
-    HostResult,
-    PhaseFinished,
-    PhaseSkipped,
-    PhaseStarted,
-    PlaybookStats,
-    ProcessesStopped,
-    RunFinished,
-    RunStarted,
-    TaskStarted,
-)
+from gpuboot import events as ev
 
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "magenta", "interrupted": "red"}
 
@@ -30,7 +19,7 @@ class JsonLines:
     def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream or sys.stdout
 
-    def __call__(self, event: Event) -> None:
+    def __call__(self, event: ev.Event) -> None:
         self.stream.write(json.dumps(event.to_dict(), default=str) + "\n")
         self.stream.flush()
 
@@ -56,8 +45,8 @@ class ConsoleProgress:
             parts.append(f"[magenta]unreachable {c['unreachable']}[/]")
         return f"{self.phase}: {self.task[:60]}  " + " ".join(parts)
 
-    def __call__(self, event: Event) -> None:
-        if isinstance(event, RunStarted):
+    def __call__(self, event: ev.Event) -> None:
+        if isinstance(event, ev.RunStarted):
             self.console.print(f"[bold]gpuboot[/] cluster [bold]{event.cluster}[/] run {event.run_id}")
             self.console.print(f"  log: {event.log}")
             self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
@@ -65,25 +54,25 @@ class ConsoleProgress:
                                      transient=True)
             self.progress.start()
             self.bar = self.progress.add_task("starting", total=len(event.phases))
-        elif isinstance(event, ProcessesStopped):
+        elif isinstance(event, ev.ProcessesStopped):
             self.console.print(f"[yellow]stopped {len(event.pids)} processes left by the killed run "
                                f"{', '.join(event.runs) or '?'}[/] (pids {', '.join(map(str, event.pids))})")
-        elif isinstance(event, PhaseStarted):
+        elif isinstance(event, ev.PhaseStarted):
             self.phase, self.task, self.counts = event.phase, "", Counter()
             because = f" [dim]— {escape(event.reason)}[/]" if event.reason else ""
             self.console.print(f"[bold][{event.index}/{event.total}] {event.title}[/] ({event.phase}) "
                                f"on {len(event.hosts)} hosts{because}", markup=True)
             self._update()
-        elif isinstance(event, TaskStarted):
+        elif isinstance(event, ev.TaskStarted):
             self.task = event.task
             self._update()
-        elif isinstance(event, HostResult):
+        elif isinstance(event, ev.HostResult):
             self.counts[event.status] += 1
             if event.status in ("failed", "unreachable"):
                 self.console.print(f"  [{STYLE[event.status]}]{event.status}[/] {escape(event.host)} | "
                                    f"{escape(event.task)}: {escape(event.message)}")
             self._update()
-        elif isinstance(event, PlaybookStats):
+        elif isinstance(event, ev.PlaybookStats):
             totals: Counter[str] = Counter()
             for counts in event.hosts.values():
                 totals.update({k: v for k, v in vars(counts).items()})
@@ -91,15 +80,15 @@ class ConsoleProgress:
             self.console.print(f"  {len(event.hosts)} hosts: ok={totals['ok']} changed={totals['changed']} "
                                f"failed={totals['failed']} unreachable={totals['unreachable']} "
                                f"skipped={totals['skipped']}" + (f"  [red]failing: {', '.join(bad)}[/]" if bad else ""))
-        elif isinstance(event, PhaseSkipped):
+        elif isinstance(event, ev.PhaseSkipped):
             self.console.print(f"[dim]skip {event.phase}: {escape(event.reason)}[/]")
             self._advance()
-        elif isinstance(event, PhaseFinished):
+        elif isinstance(event, ev.PhaseFinished):
             style = STYLE.get(event.status, "white")
             self.console.print(f"  [{style}]{event.status}[/] {event.phase} in {event.seconds:.1f}s, "
                                f"{event.changed} changed")
             self._advance()
-        elif isinstance(event, RunFinished):
+        elif isinstance(event, ev.RunFinished):
             if self.progress is not None:
                 self.progress.stop()
             self._summary(event)
@@ -112,7 +101,7 @@ class ConsoleProgress:
         if self.progress is not None and self.bar is not None:
             self.progress.advance(self.bar)
 
-    def _summary(self, event: RunFinished) -> None:
+    def _summary(self, event: ev.RunFinished) -> None:
         style = STYLE.get(event.status, "white")
         self.console.print(f"[bold {style}]{event.status.upper()}[/] run {event.run_id} "
                            f"({len(event.phases_run)} phases run, {event.seconds:.1f}s)")
