@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuboot.config.inventory import AnsibleInventory, Where
-from gpuboot.config.model import DNS_LABEL, SECRET_KEY, GpubootSettings, Node
+from gpuboot.config.model import DNS_LABEL, HOST_NAME, SECRET_KEY, GpubootSettings, Node
 from gpuboot.errors import MatrixError, Problem
 
 SSH_PASSWORD_VARS = {"ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
@@ -19,8 +19,7 @@ SECRET_MARKERS = ("-----BEGIN", "$ANSIBLE_VAULT")
 CLUSTER_GROUPS = ("control_plane", "workers")
 # Every host belongs to one of these, or is named in gpuboot.ignored_hosts.
 GPUBOOT_GROUPS = ("control_plane", "workers", "gpu_workers", "bastion", "mirror")
-# A DNS name: labels of letters, digits and '-', separated by dots.
-HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*\.?$")
+HOSTNAME = re.compile(HOST_NAME)
 KERNEL = re.compile(r"^([0-9]+)\.([0-9]+)(\.([0-9]+))?([-.+_~][A-Za-z0-9._+~-]*)?$")
 
 
@@ -137,7 +136,7 @@ def host_address(name: str, address: str, where: Where) -> list[Problem]:
         ip_address(address)  # IPv4 or IPv6
         return []
     except ValueError:
-        if HOSTNAME.match(address):
+        if len(address) <= 253 and HOSTNAME.match(address):
             return []
     return [Problem(where.file, where.line, f"{name}.ansible_host",
                     f"{address!r} is neither an IP address nor a DNS name",

@@ -241,23 +241,6 @@ def _vars_files(path: Path) -> list[Path]:
     return found
 
 
-def not_utf8(paths: list[Path]) -> list[Problem]:
-    problems = []
-    for path in paths:
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            problems.append(Problem(str(path), None, "", f"cannot read: {exc.strerror}", "check the file's permissions"))
-            continue
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = data.count(b"\n", 0, exc.start) + 1
-            problems.append(Problem(str(path), line, "", f"not UTF-8 text (byte {exc.start}: {data[exc.start]:#04x})",
-                                    "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"))
-    return problems
-
-
 def _vars_file_problems(path: Path, keep: dict[str, Any] | None = None) -> tuple[list[Problem], list[str]]:
     """Duplicate keys and syntax errors in group_vars/ and host_vars/ YAML (Ansible only warns)."""
     problems: list[Problem] = []
@@ -301,7 +284,7 @@ def read_inventory(path: Path, *, located: bool = True) -> AnsibleInventory:
     inv = AnsibleInventory(path=path, files=[str(path)], located=located)
     # Text Ansible cannot decode is escaped with a warning, or fails deep in a vars plugin:
     # every file is checked first, and nothing is read further while one is not UTF-8.
-    inv.problems += not_utf8([path, *_vars_files(path)])
+    inv.problems += [problem for f in (path, *_vars_files(path)) if (problem := yamlloc.read_utf8(f)[1])]
     if inv.problems:
         return inv
     nodes: dict[str, Any] | None = None if located else {}

@@ -24,7 +24,8 @@ HOST_PORT = r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?$"
 # form: a newline, a quote, a brace or a shell character in one is refused at validation
 # (they would inject into keepalived.conf, kubeadm's YAML or a template), not escaped later.
 DNS_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$"
-HOST_NAME = r"^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$"
+# A DNS name (an FQDN may end in a dot) or an IPv4 address; at most 253 characters.
+HOST_NAME = r"^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*\.?$"
 IFNAME = r"^[A-Za-z0-9_.-]{1,15}$"
 UNIX_USER = r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
 URL = r"^(https?|ssh)://[^\s\"'\\{}<>`$]+$"

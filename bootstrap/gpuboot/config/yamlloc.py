@@ -30,15 +30,26 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[mi
         return tag
 
 
+def read_utf8(path: Path) -> tuple[str | None, Problem | None]:
+    """A file's text, or the located problem that keeps it from being read as UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return None, Problem(str(path), None, "", f"cannot read: {exc.strerror}", "check the file's permissions")
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        return None, Problem(str(path), line, "", f"not UTF-8 text (byte {exc.start}: {data[exc.start]:#04x})",
+                             "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+
+
 def _compose(path: Path, keep: dict[str, yaml.Node] | None = None) -> tuple[yaml.Node | None, list[Problem]]:
     """The file's node tree; `keep` collects it (by path) for a later plain build."""
     name = str(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return None, [Problem(name, None, "", f"not UTF-8 text (byte {exc.start})", "save the file as UTF-8")]
-    except OSError as exc:
-        return None, [Problem(name, None, "", f"cannot read: {exc.strerror}")]
+    text, problem = read_utf8(path)
+    if problem is not None:
+        return None, [problem]
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
