@@ -82,3 +82,19 @@ def test_a_changed_host_key_is_refused_with_the_fix_and_never_the_switch():
     assert "its line in known_hosts" in unknown.message
     plain = translate(ev("runner_on_unreachable", host="gpu09", task="t", res={"msg": "Connection timed out"}))
     assert "fix:" not in plain.message
+
+
+def test_a_failed_command_says_what_the_command_said():
+    """"non-zero return code" alone names no cause: the command's last stderr lines follow it."""
+    stderr = "\n".join(f"retry {i}" for i in range(30)) + "\nError from server: etcdserver: leader changed"
+    event = translate(ev("runner_on_failed", host="cp1", task="t", res={
+        "msg": "non-zero return code", "rc": 1, "stderr": stderr, "stdout": ""}))
+    lines = event.message.splitlines()
+    assert lines[0] == "non-zero return code" and lines[1] == "[11 earlier lines in the log]"
+    assert lines[-1] == "Error from server: etcdserver: leader changed" and len(lines) == 22
+    quiet = translate(ev("runner_on_failed", host="cp1", task="t", res={
+        "msg": "non-zero return code", "rc": 3, "stderr": "", "stdout": "member 8e9e05c52164694d not found"}))
+    assert quiet.message == "non-zero return code\nmember 8e9e05c52164694d not found"
+    # A module's own message that already quotes the output is not repeated.
+    said = translate(ev("runner_on_failed", host="cp1", task="t", res={"msg": "boom: bad", "rc": 1, "stderr": "bad"}))
+    assert said.message == "boom: bad"

@@ -17,12 +17,30 @@ def _message(res: Any) -> str:
         value = res.get(key)
         if value:
             # Whole: a summary that lists every problem is useless cut short.
-            return (value if isinstance(value, str) else str(value)).strip()
+            text = (value if isinstance(value, str) else str(value)).strip()
+            if key == "msg" and "rc" in res:
+                text += _command_output(res, text)
+            return text
     results = res.get("results")
     if isinstance(results, list):
         for item in results:
             if isinstance(item, dict) and item.get("failed"):
                 return _message(item)
+    return ""
+
+
+_OUTPUT_LINES = 20
+
+
+def _command_output(res: dict, said: str) -> str:
+    """A command's own words under the module's "non-zero return code": its stderr, else its
+    stdout, the last lines (where the error is), unless the message already holds them."""
+    for key in ("stderr", "stdout"):
+        value = res.get(key)
+        if isinstance(value, str) and value.strip() and value.strip() not in said:
+            lines = value.strip().splitlines()
+            cut = f"[{len(lines) - _OUTPUT_LINES} earlier lines in the log]\n" if len(lines) > _OUTPUT_LINES else ""
+            return "\n" + cut + "\n".join(lines[-_OUTPUT_LINES:])
     return ""
 
 
