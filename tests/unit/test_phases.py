@@ -121,7 +121,7 @@ def test_phases_with_nothing_to_do_are_skipped_and_pull_nothing(tmp_path):
     settings.write_text(yaml.safe_dump(text))
     cluster = load_cluster(inventory)
     assert by["gpu_operator"].idle(cluster) == "the inventory has no gpu_workers"
-    assert by["network_operator"].idle(cluster) == "no node declares RDMA or SR-IOV NICs"
+    assert by["network_operator"].idle(cluster) == "no node declares fabric NICs (RDMA or SR-IOV)"
     assert by["gitops_handoff"].idle(cluster) == "gpuboot.gitops is not set"
     assert by["gpu_operator"].pulls_for(cluster) == () and by["validate"].pulls_for(cluster) == ("validate",)
 

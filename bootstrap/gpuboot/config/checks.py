@@ -120,10 +120,12 @@ def _nic_duplicates(node: Node) -> list[Problem]:
     problems: list[Problem] = []
     for what, values, fix in (
             ("NIC name", [nic.name for nic in node.settings.nics], "give each NIC its own name"),
-            ("resource_name", [nic.resource_name for nic in node.settings.nics], "give each NIC its own resource_name"),
+            ("resource", [r for nic in node.settings.nics for r in nic.resources], "give each NIC its own resource names"),
             ("PF", [pf for nic in node.settings.nics for pf in nic.pf_names], "list each port under one NIC, once"),
             ("PCI address", [a.lower() for nic in node.settings.nics for a in nic.pci_addresses],
-             "list each PCI address under one NIC, once")):
+             "list each PCI address under one NIC, once"),
+            ("vendor:device", [d for nic in node.settings.nics for d in nic.device_ids],
+             "select a device id under one NIC only, or select those ports by pf_names")):
         for dup in sorted({v for v in values if values.count(v) > 1}):
             problems.append(Problem(node.file, node.line, f"{node.name}.gpuboot_node.nics",
                                     f"{what} {dup} appears {values.count(dup)} times on this node", fix))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpuboot import gpu_plan, matrix
+from gpuboot import gpu_plan, matrix, nic_plan
 from gpuboot.config import checks
 from gpuboot.config.errors_map import problems_from
 from gpuboot.config.inventory import AnsibleInventory, Where, read_inventory
@@ -80,9 +80,10 @@ def _nodes(inv: AnsibleInventory, default_port: int) -> tuple[list[Node], list[P
     return nodes, problems
 
 
-def _gpu_misfits(inv: AnsibleInventory, plan: gpu_plan.GpuPlan) -> list[Problem]:
+def _misfits(inv: AnsibleInventory, misfits: list[gpu_plan.Misfit]) -> list[Problem]:
+    """The GPU and NIC plans' misfits, each at its place under the node's gpuboot_node."""
     problems = []
-    for misfit in plan.misfits:
+    for misfit in misfits:
         where = inv.hosts[misfit.node].where(NODE_VAR).child(*misfit.path)
         path = ".".join(str(p) for p in (misfit.node, NODE_VAR, *misfit.path))
         problems.append(Problem(where.file, where.line, path, misfit.message, misfit.fix))
@@ -140,7 +141,8 @@ def _validated(path: Path, check_files: bool, releases_dir: Path | None, *, loca
                                     f"{settings.release!r}: {exc.message}", exc.hint))
         else:
             problems += checks.node_os(settings, release, where)
-            problems += _gpu_misfits(inv, gpu_plan.resolve(settings, release, nodes))
+            problems += _misfits(inv, gpu_plan.resolve(settings, release, nodes).misfits)
+        problems += _misfits(inv, nic_plan.resolve(settings, nodes).misfits)
         problems += checks.addresses(settings, nodes, where)
         problems += checks.references(settings, nodes, where, inv.path, check_files=check_files)
         problems += checks.tenants(settings, nodes, where)

@@ -17,6 +17,7 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 # Kubernetes extended resource name, e.g. nvidia.com/rdma_shared_a or rdma/cx7.
 RESOURCE_NAME = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 PCI_ADDRESS = r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$"
+VENDOR_DEVICE = r"^[0-9a-f]{4}:[0-9a-f]{4}$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 HOST_PORT = r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?$"
 
@@ -58,6 +59,7 @@ FORMS = {
     GROUP_NAME: "a group name on one line, without quotes, braces, '$' or backslashes",
     QUANTITY: "a Kubernetes quantity such as 64, 500m or 256Gi",
     PCI_ADDRESS: "a PCI address such as 0000:18:00.0",
+    VENDOR_DEVICE: "a PCI vendor:device pair in lowercase hex, e.g. 15b3:1021 (ConnectX-7)",
     RESOURCE_NAME: "a Kubernetes extended resource name such as nvidia.com/rdma_a",
 }
 
@@ -223,6 +225,13 @@ class GpuOperator(Strict):
     mig_layouts: dict[Annotated[str, Field(pattern=r"^[a-z0-9][-a-z0-9_.]{0,62}$")], list[MigDevices]] = {}
 
 
+class NetworkOperator(Strict):
+    # DOCA driver containers the operator replaces at once on a driver change.
+    upgrade_max_parallel: int = Field(1, ge=1, le=64)
+    # Nodes the SR-IOV operator may drain at once for a VF change (SriovNetworkPoolConfig).
+    sriov_max_unavailable: int = Field(1, ge=1, le=1000)
+
+
 class GitOps(Strict):
     repo_url: Annotated[str, Field(pattern=GIT_URL)]
     branch: Annotated[str, Field(pattern=GIT_REF, max_length=100)] = "main"
@@ -254,6 +263,7 @@ class GpubootSettings(Strict):
     node_os: NodeOs | None = None
     drivers: Drivers = Drivers()
     gpu_operator: GpuOperator = GpuOperator()
+    network_operator: NetworkOperator = NetworkOperator()
     gitops: GitOps | None = None
     tenants: list[Tenant] = []
     # Ansible host patterns (hosts or groups) of the inventory that gpuboot leaves alone:
@@ -286,20 +296,116 @@ class GpuSettings(Strict):
         return data
 
 
-class Nic(Strict):
-    name: DnsLabel
-    pf_names: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,15}$")]] = []
-    pci_addresses: list[Annotated[str, Field(pattern=PCI_ADDRESS)]] = []
-    num_vfs: int = Field(0, ge=0, le=256)
-    link_type: Literal["eth", "ib"] = "eth"
-    resource_name: Annotated[str, Field(pattern=RESOURCE_NAME)]
-    rdma: bool = True
-    device_type: Literal["netdevice", "vfio-pci"] = "netdevice"
+class IpPool(Strict):
+    """An nv-ipam pool: each node of the NIC group gets a block of per_node_block_size addresses."""
+
+    subnet: IPv4Network
+    gateway: IPv4Address | None = None
+    per_node_block_size: int = Field(32, ge=2, le=65536)
 
     @model_validator(mode="after")
-    def _selects_something(self) -> Nic:
-        if not self.pf_names and not self.pci_addresses:
-            raise ValueError("a NIC needs pf_names or pci_addresses to select its ports; list its PF interface names or PCI addresses")
+    def _gateway_inside(self) -> IpPool:
+        if self.gateway is not None and self.gateway not in self.subnet:
+            raise ValueError(f"gateway {self.gateway} is outside subnet {self.subnet}; give an address of the "
+                             "subnet or leave gateway out")
+        return self
+
+
+class NicNetwork(Strict):
+    """The secondary network pods attach to on a NIC group's ports: an SR-IOV network for
+    VFs, IPoIB (link_type ib) or macvlan (eth) over the shared ports, addresses from nv-ipam."""
+
+    name: DnsLabel
+    namespace: DnsLabel = "default"
+    ip_pool: IpPool
+
+
+NicPurpose = Literal["fabric", "management", "storage"]
+NicMode = Literal["rdma_shared", "sriov", "both"]
+
+
+class Nic(Strict):
+    """Ports of one node, one NIC group (its name): what the Network Operator does with them.
+    purpose management or storage: ports no operator object may select (the node's own
+    traffic, NVMe/NFS over RDMA); they are declared so that gpuboot can prove that."""
+
+    name: DnsLabel
+    pf_names: list[Annotated[str, Field(pattern=IFNAME)]] = []
+    pci_addresses: list[Annotated[str, Field(pattern=PCI_ADDRESS)]] = []
+    # vendor:device (15b3:1021 ConnectX-7, 15b3:101d ConnectX-6 Dx): every such port of the node.
+    device_ids: list[Annotated[str, Field(pattern=VENDOR_DEVICE)]] = []
+    purpose: NicPurpose = "fabric"
+    # rdma_shared: the RDMA shared device plugin hands the ports to pods (rdma_hca_max pods
+    # each); sriov: VFs; both: VFs and the shared plugin on the PFs. Unset: sriov with num_vfs.
+    mode: NicMode | None = None
+    num_vfs: int = Field(0, ge=0, le=256)
+    link_type: Literal["eth", "ib"] = "eth"
+    # The VF resource (sriov, both) or the shared resource (rdma_shared).
+    resource_name: Annotated[str, Field(pattern=RESOURCE_NAME)] | None = None
+    # The shared plugin's resource when mode is both.
+    shared_resource_name: Annotated[str, Field(pattern=RESOURCE_NAME)] | None = None
+    rdma_hca_max: int = Field(63, ge=1, le=1000)
+    rdma: bool = True
+    device_type: Literal["netdevice", "vfio-pci"] = "netdevice"
+    network: NicNetwork | None = None
+
+    @property
+    def kind(self) -> NicMode | None:
+        """What the operator does with the ports; None for ports it must leave alone."""
+        if self.purpose != "fabric":
+            return None
+        return self.mode or ("sriov" if self.num_vfs else "rdma_shared")
+
+    @property
+    def resources(self) -> dict[str, str]:
+        """Resource name -> what advertises it (sriov or rdma_shared)."""
+        kind = self.kind
+        if kind is None or self.resource_name is None:
+            return {}
+        if kind == "both":
+            return {self.resource_name: "sriov", **({self.shared_resource_name: "rdma_shared"}
+                                                     if self.shared_resource_name else {})}
+        return {self.resource_name: kind}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Nic:
+        ways = [k for k in ("pf_names", "pci_addresses", "device_ids") if getattr(self, k)]
+        if not ways:
+            raise ValueError("a NIC needs pf_names, pci_addresses or device_ids to select its ports; list its PF "
+                             "interface names, PCI addresses or vendor:device ids")
+        if len(ways) > 1:
+            # The operators AND their selectors: names and addresses together select their overlap.
+            raise ValueError(f"a NIC selects its ports one way, but {' and '.join(ways)} are both set; keep one "
+                             "(the operators would select only ports that match all of them)")
+        if self.purpose != "fabric":
+            given = [k for k in ("mode", "resource_name", "shared_resource_name", "network")
+                     if getattr(self, k) is not None] + (["num_vfs"] if self.num_vfs else [])
+            if given:
+                raise ValueError(f"{self.purpose} ports are never touched by the Network Operator, but "
+                                 f"{', '.join(given)} asks for it; remove {', '.join(given)} or set purpose: fabric")
+            return self
+        kind = self.kind
+        if self.resource_name is None:
+            raise ValueError("a fabric NIC needs resource_name, the resource pods request (e.g. "
+                             "nvidia.com/cx7_fabric); or set purpose: management/storage for ports left alone")
+        if kind in ("sriov", "both") and not self.num_vfs:
+            raise ValueError(f"mode {kind} makes VFs, but num_vfs is 0; set num_vfs (1 or more)")
+        if kind == "rdma_shared" and self.num_vfs:
+            raise ValueError("mode rdma_shared makes no VFs, but num_vfs is set; use mode both for VFs and shared "
+                             "ports, or remove num_vfs")
+        if kind == "both" and not self.shared_resource_name:
+            raise ValueError("mode both advertises two resources; set shared_resource_name for the shared ports "
+                             "(resource_name is the VFs')")
+        if kind in ("rdma_shared", "both") and self.pci_addresses and not (self.pf_names or self.device_ids):
+            raise ValueError("the RDMA shared device plugin selects ports by interface name or vendor:device, not by "
+                             "PCI address; list the ports' pf_names (or device_ids)")
+        if self.device_type == "vfio-pci" and self.rdma and kind != "rdma_shared":
+            raise ValueError("vfio-pci VFs go to user space (DPDK, VMs) and cannot be RDMA netdevices; set "
+                             "rdma: false, or device_type: netdevice")
+        for name in (self.resource_name, self.shared_resource_name):
+            if name is not None and "/" not in name:
+                raise ValueError(f"resource {name} has no prefix; write it as a prefixed name pods request, e.g. "
+                                 f"nvidia.com/{name}")
         return self
 
 
@@ -391,6 +497,8 @@ class Cluster(BaseModel):
                 "gpuboot_release": matrix.entry(self.settings.release),
                 # What each GPU node gets from the GPU Operator, resolved once.
                 "gpuboot_gpu": self.gpu_plan.as_data(),
+                # What the Network Operator does with each node's NICs, resolved once.
+                "gpuboot_network": self.nic_plan.as_data(),
                 # The GPU table, for preflight to recognise the models on the nodes.
                 "gpuboot_gpu_models": gpus.catalog_data()}
 
@@ -399,6 +507,12 @@ class Cluster(BaseModel):
         from gpuboot import gpu_plan
 
         return gpu_plan.resolve(self.settings, matrix.load(self.settings.release), self.nodes)
+
+    @property
+    def nic_plan(self):
+        from gpuboot import nic_plan
+
+        return nic_plan.resolve(self.settings, self.nodes)
 
     def in_group(self, group: str) -> list[Node]:
         return [n for n in self.nodes if group in n.groups]

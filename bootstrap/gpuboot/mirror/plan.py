@@ -111,7 +111,8 @@ class Target:
         nodes: list[NodeTarget] = []
         unknown: list[str] = []
         for node in cluster.cluster_nodes:
-            rdma = bool(node.settings.nics)
+            # The DOCA driver goes where the Network Operator drives ports.
+            rdma = any(nic.kind for nic in node.settings.nics)
             resolved = gpu.nodes.get(node.name)
             os_id = node.settings.os or (settings.node_os.id if settings.node_os else None)
             if os_id is None:

@@ -161,7 +161,8 @@ def _no_gpus(cluster: Cluster) -> str | None:
 
 
 def _no_nics(cluster: Cluster) -> str | None:
-    return None if any(n.settings.nics for n in cluster.nodes) else "no node declares RDMA or SR-IOV NICs"
+    fabric = any(nic.kind for n in cluster.nodes for nic in n.settings.nics)
+    return None if fabric else "no node declares fabric NICs (RDMA or SR-IOV)"
 
 
 def _no_gitops(cluster: Cluster) -> str | None:

@@ -1,0 +1,135 @@
+"""What the Network Operator does with each node's NICs: NIC groups across nodes, the SR-IOV
+policies and RDMA shared device plugin entries they become, the secondary networks and the
+resources each node must advertise; and every misfit located, before a host is touched.
+Inventories are written as operators write them: INI, host ranges, group_vars."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpuboot.config.loader import load_cluster
+from gpuboot.errors import InventoryError
+
+ROOT = Path(__file__).resolve().parents[2]
+FLEET = ROOT / "tests" / "fixtures" / "mixed-fleet" / "hosts.ini"
+
+
+def test_mixed_fleet_resolves_one_object_per_nic_group():
+    plan = load_cluster(FLEET).nic_plan.as_data()
+    assert plan["enabled"] and plan["sriov"] and plan["rdma_shared"]
+    # NVMe over RDMA rides a ConnectX port on the HGX nodes: the DOCA driver must unload it first.
+    assert plan["unload_storage_modules"] is True
+    policies = {p["name"]: p for p in plan["sriov_policies"]}
+    assert set(policies) == {"gpuboot-ib-fabric", "gpuboot-roce"}
+    ib = policies["gpuboot-ib-fabric"]
+    assert ib["linkType"] == "ib" and ib["numVfs"] == 4 and ib["isRdma"] and ib["resourceName"] == "ib_vf"
+    assert ib["nicSelector"] == {"vendor": "15b3", "pfNames": ["ibp24s0", "ibp41s0", "ibp64s0", "ibp79s0",
+                                                              "ibp148s0", "ibp165s0", "ibp193s0", "ibp209s0"]}
+    assert policies["gpuboot-roce"]["nicSelector"] == {"vendor": "15b3", "deviceID": "1021"}
+    # Only the RoCE group is shared; its entry selects exactly its device id and link type.
+    assert plan["shared_config"]["configList"] == [{
+        "resourceName": "roce_shared", "resourcePrefix": "nvidia.com", "rdmaHcaMax": 32,
+        "selectors": {"vendors": ["15b3"], "deviceIDs": ["1021"], "linkTypes": ["ether"]}}]
+    networks = {n["name"]: n for n in plan["networks"]}
+    assert networks["ib-fabric"]["kind"] == "SriovIBNetwork" and networks["ib-fabric"]["namespace"] == "training"
+    assert networks["roce"]["kind"] == "SriovNetwork" and networks["roce"]["gateway"] == "192.168.160.1"
+    # Labels: the groups' policies and pools pick their nodes; the shared plugin runs on the L40S only.
+    labels = plan["node_labels"]
+    assert set(labels) == {"hgx01", "hgx02", "hgx03", "hgx04", "l40s01", "l40s02"}
+    assert labels["hgx01"] == {"nic.gpuboot.io/fabric-node": "true", "nic.gpuboot.io/ib-fabric": "true"}
+    assert labels["l40s02"]["nic.gpuboot.io/rdma-shared-node"] == "true"
+    # What each node must advertise: 8 PFs x 4 VFs; by device id the VF count is known only
+    # once preflight has counted the ports.
+    assert plan["nodes"]["hgx03"]["resources"] == {"nvidia.com/ib_vf": 32}
+    assert plan["nodes"]["l40s01"]["resources"] == {"nvidia.com/roce_vf": None, "nvidia.com/roce_shared": 32}
+    assert "h100pcie01" not in plan["nodes"] and "cpu01" not in plan["nodes"]
+    # What acts on each node's ports, for preflight to check against the real ones.
+    assert [r["group"] for r in plan["nodes"]["l40s01"]["reach"]] == ["roce", "roce"]
+    assert [r["object"] for r in plan["nodes"]["hgx01"]["reach"]] == ["SR-IOV policy"]
+
+
+def fleet(tmp_path: Path, nics_a: str, nics_b: str, extra: str = "") -> Path:
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "all.yml").write_text(textwrap.dedent("""\
+        gpuboot:
+          cluster_name: lab
+          release: k8s-1.35
+          control_plane: {vip: 10.0.0.100}
+        """) + textwrap.dedent(extra))
+    (tmp_path / "group_vars" / "rack_a.yml").write_text("gpuboot_node:\n  nics:\n" + textwrap.indent(
+        textwrap.dedent(nics_a), "    "))
+    (tmp_path / "group_vars" / "rack_b.yml").write_text("gpuboot_node:\n  nics:\n" + textwrap.indent(
+        textwrap.dedent(nics_b), "    "))
+    path = tmp_path / "hosts.ini"
+    path.write_text("[control_plane]\ncp1\n[rack_a]\nnode-a[1:2]\n[rack_b]\nnode-b1\n"
+                    "[workers:children]\nrack_a\nrack_b\n")
+    return path
+
+
+def problems(path: Path) -> list:
+    with pytest.raises(InventoryError) as info:
+        load_cluster(path)
+    return info.value.problems
+
+
+VF = "- {name: fabric, pf_names: [ens1f0np0], num_vfs: 4, resource_name: nvidia.com/fabric}\n"
+
+
+@pytest.mark.parametrize("nics_b, path, message", [
+    # A policy lists every name its group's nodes use: on rack_b, rack_a's fabric port name is management.
+    ("- {name: fabric, pf_names: [ens2f0np0], num_vfs: 4, resource_name: nvidia.com/fabric}\n"
+     "- {name: mgmt, pf_names: [ens1f0np0], purpose: management}\n",
+     "node-b1.gpuboot_node.nics.1.pf_names", "is its management NIC mgmt, but the SR-IOV policy of NIC group fabric"),
+    ("- {name: fabric, pf_names: [ens1f0np0], num_vfs: 8, resource_name: nvidia.com/fabric}\n",
+     "node-b1.gpuboot_node.nics.0.num_vfs", "has num_vfs 4 on node-a1 and 8 here"),
+    ("- {name: fabric, pci_addresses: ['0000:18:00.0'], num_vfs: 4, resource_name: nvidia.com/fabric}\n",
+     "node-b1.gpuboot_node.nics.0", "selects ports by pf_names on node-a1 and by pci_addresses here"),
+    ("- {name: other, pf_names: [ens3f0np0], num_vfs: 4, resource_name: nvidia.com/fabric}\n",
+     "node-b1.gpuboot_node.nics.0.resource_name", "resource nvidia.com/fabric is also NIC group fabric's"),
+    ("- {name: other, pf_names: [ens3f0np0], num_vfs: 4, resource_name: example.com/other}\n",
+     "node-b1.gpuboot_node.nics.0.resource_name", "the SR-IOV operator has one resource prefix"),
+    ("- {name: other, device_ids: ['15b3:1021'], mode: both, num_vfs: 4, resource_name: nvidia.com/o}\n",
+     "node-b1.gpuboot_node.nics.0", "set shared_resource_name"),
+    ("- {name: other, pf_names: [ens3f0np0], num_vfs: 4, rdma: true, device_type: vfio-pci, "
+     "resource_name: nvidia.com/o}\n", "node-b1.gpuboot_node.nics.0", "cannot be RDMA netdevices"),
+    ("- {name: other, pf_names: [ens3f0np0], device_ids: ['15b3:1021'], resource_name: nvidia.com/o}\n",
+     "node-b1.gpuboot_node.nics.0", "pf_names and device_ids are both set"),
+    ("- {name: other, pf_names: [ens3f0np0], resource_name: shared_o}\n",
+     "node-b1.gpuboot_node.nics.0", "resource shared_o has no prefix"),
+])
+def test_nic_misfits_are_located_on_the_node_and_nic(tmp_path, nics_b, path, message):
+    found = problems(fleet(tmp_path, VF, nics_b))
+    located = [p for p in found if p.path == path and message in p.message + (p.fix or "")]
+    assert located, "\n".join(map(str, found))
+    assert located[0].file.endswith("rack_b.yml") and located[0].line is not None
+
+
+@pytest.mark.parametrize("network, message", [
+    ("{name: net, ip_pool: {subnet: 192.168.10.0/28, per_node_block_size: 8}}", "2 nodes x per_node_block_size 8 need 16"),
+    ("{name: net, ip_pool: {subnet: 10.96.4.0/24}}", "overlaps networking.service_cidr"),
+    ("{name: net, ip_pool: {subnet: 192.168.10.0/24, gateway: 192.168.11.1}}", "outside subnet"),
+])
+def test_secondary_network_pools_must_fit(tmp_path, network, message):
+    nics_a = f"- {{name: fabric, pf_names: [ens1f0np0], num_vfs: 4, resource_name: nvidia.com/fabric, network: {network}}}\n"
+    found = problems(fleet(tmp_path, nics_a, "- {name: mgmt, pf_names: [eno1], purpose: management}\n"))
+    assert any(message in p.message and p.path.startswith("node-a") for p in found), "\n".join(map(str, found))
+
+
+def test_a_macvlan_network_needs_one_parent_port(tmp_path):
+    nics_a = ("- {name: roce, pf_names: [ens1f0np0, ens2f0np0], resource_name: rdma/roce, "
+              "network: {name: roce, ip_pool: {subnet: 192.168.10.0/24}}}\n")
+    found = problems(fleet(tmp_path, nics_a, "- {name: mgmt, pf_names: [eno1], purpose: management}\n"))
+    assert any("a macvlan network has one parent interface" in p.message for p in found), "\n".join(map(str, found))
+
+
+def test_management_and_storage_ports_make_no_objects(tmp_path):
+    cluster = load_cluster(fleet(tmp_path, "- {name: mgmt, pf_names: [eno1], purpose: management}\n",
+                                 "- {name: nvme, pf_names: [ens7f0np0], purpose: storage}\n"))
+    plan = cluster.nic_plan.as_data()
+    assert not plan["enabled"] and plan["sriov_policies"] == [] and plan["shared_config"]["configList"] == []
+    assert plan["unload_storage_modules"] is True and plan["node_labels"] == {}
+    from gpuboot.phases.catalog import UP
+    phase = next(p for p in UP if p.name == "network_operator")
+    assert phase.idle(cluster) == "no node declares fabric NICs (RDMA or SR-IOV)"
