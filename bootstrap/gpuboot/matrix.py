@@ -37,8 +37,10 @@ class RuntimeImage(BaseModel):
     per: list[Literal["kernel", "arch"]] = []
     # Conditions on a node, all of which must hold: gpu_container_driver / gpu_precompiled_driver
     # (the GPU Operator deploys that kind of driver there), rdma (it has NICs for the Network
-    # Operator), doca_precompiled (rdma, with gpuboot.drivers.precompiled).
-    when: list[Literal["gpu_container_driver", "gpu_precompiled_driver", "rdma", "doca_precompiled"]] = []
+    # Operator), doca_container / doca_precompiled (rdma, without / with gpuboot.drivers.precompiled:
+    # the NicClusterPolicy's forcePrecompiled).
+    when: list[Literal["gpu_container_driver", "gpu_precompiled_driver", "rdma", "doca_container",
+                       "doca_precompiled"]] = []
 
 
 class Release(BaseModel):

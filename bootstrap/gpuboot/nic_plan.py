@@ -17,16 +17,19 @@ from gpuboot.config.model import GpubootSettings, Nic, Node
 from gpuboot.gpu_plan import Misfit
 
 MELLANOX = "15b3"
-# gpuboot's node labels: a NIC group's policy and pool select its nodes by the first, the
-# operator's DaemonSets (DOCA driver, shared plugin, Multus) by the others.
+# gpuboot's node labels: a NIC group's policy and pool select its nodes by the first; the
+# NicClusterPolicy's one node affinity (DOCA driver, shared plugin, Multus) by the second.
 GROUP_LABEL = "nic.gpuboot.io/{group}"
 FABRIC_LABEL = "nic.gpuboot.io/fabric-node"
-SHARED_LABEL = "nic.gpuboot.io/rdma-shared-node"
 # The RDMA shared device plugin's re-scan of devices, seconds.
 SHARED_RESCAN_S = 300
 # Settings that one policy or one plugin entry holds for the whole group.
 GROUP_FIELDS = ("purpose", "kind", "num_vfs", "link_type", "device_type", "rdma", "resource_name",
                 "shared_resource_name", "rdma_hca_max", "network")
+
+
+def _shown(value: object) -> object:
+    return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
 
 
 def _way(nic: Nic) -> str:
@@ -53,8 +56,11 @@ class NicGroup:
     def label(self) -> str:
         return GROUP_LABEL.format(group=self.name)
 
-    def selector(self) -> dict[str, list[str]]:
-        return {key: self.union(key) for key in ("pf_names", "pci_addresses", "device_ids") if self.union(key)}
+    def selector(self, shared: bool = False) -> dict[str, list[str]]:
+        found = {key: self.union(key) for key in ("pf_names", "pci_addresses", "device_ids") if self.union(key)}
+        if shared:  # the shared plugin's entry also selects by link type
+            found["link_types"] = [self.nic.link_type]
+        return found
 
 
 @dataclass
@@ -72,9 +78,14 @@ class NicPlan:
         return [g for g in self.fabric if g.kind in kinds]
 
     @property
+    def fabric_nodes(self) -> list[str]:
+        return [n for n, nics in self.nodes.items() if any(nic.kind for nic in nics)]
+
+    @property
     def shared_nodes(self) -> list[str]:
-        """Where the RDMA shared device plugin runs: every node with a shared group."""
-        return [n for n in self.nodes if any(n in g.members for g in self.of_kind("rdma_shared", "both"))]
+        """Where the RDMA shared device plugin runs: the NicClusterPolicy has one node affinity,
+        so every fabric node, with every shared entry, once any group is shared."""
+        return self.fabric_nodes if self.of_kind("rdma_shared", "both") else []
 
     def reach(self, node: str) -> list[tuple[NicGroup, str]]:
         """The (group, object) pairs whose selectors act on the node's ports."""
@@ -87,6 +98,24 @@ class NicPlan:
     def sriov_resource_prefix(self) -> str:
         names = [g.nic.resource_name for g in self.of_kind("sriov", "both")]
         return names[0].split("/", 1)[0] if names else "nvidia.com"
+
+    def operands(self) -> tuple[str, ...]:
+        """The images the rendered values and NicClusterPolicy deploy (keys of the matrix's
+        network_operator images); none without fabric NICs."""
+        if not self.fabric:
+            return ()
+        found = ["operator", "initContainer"]
+        if self.of_kind("rdma_shared", "both"):
+            found.append("rdmaSharedDevicePlugin")
+        vf_groups = self.of_kind("sriov", "both")
+        if vf_groups:
+            # The SR-IOV operator's CNI DaemonSet carries both the Ethernet and the IB plugin.
+            found += ["sriovOperator", "sriovConfigDaemon", "sriovDevicePlugin", "sriovCni", "ibSriovCni"]
+        networks = self.networks()
+        if networks:
+            found += ["multus", "cniPlugins", "nvIpam"]
+            found += ["ipoibCni"] if any(n["kind"] == "IPoIBNetwork" for n in networks) else []
+        return tuple(found)
 
     def shared_config(self) -> dict:
         """The RDMA shared device plugin's configuration (NicClusterPolicy rdmaSharedDevicePlugin.config)."""
@@ -156,20 +185,17 @@ class NicPlan:
 
     def node_labels(self) -> dict[str, dict[str, str]]:
         labels: dict[str, dict[str, str]] = {}
-        shared = set(self.shared_nodes)
         for node, nics in self.nodes.items():
             groups = [self.groups[n.name] for n in nics if n.kind]
-            if not groups:
-                continue
-            labels[node] = {FABRIC_LABEL: "true", **{g.label: "true" for g in groups}}
-            if node in shared:
-                labels[node][SHARED_LABEL] = "true"
+            if groups:
+                labels[node] = {FABRIC_LABEL: "true", **{g.label: "true" for g in groups}}
         return labels
 
     def as_data(self) -> dict:
         """The resolution as Ansible reads it (extra variable gpuboot_network)."""
         return {
             "enabled": bool(self.fabric),
+            "operands": list(self.operands()),
             "sriov": bool(self.of_kind("sriov", "both")),
             "rdma_shared": bool(self.of_kind("rdma_shared", "both")),
             "ipoib": any(n["kind"] == "IPoIBNetwork" for n in self.networks()),
@@ -179,13 +205,14 @@ class NicPlan:
             "shared_config": self.shared_config(),
             "sriov_policies": self.sriov_policies(),
             "networks": self.networks(),
-            "labels": {"fabric": FABRIC_LABEL, "shared": SHARED_LABEL},
+            "fabric_label": FABRIC_LABEL,
             "node_labels": self.node_labels(),
             "nodes": {node: {
                 "nics": [nic.model_dump(mode="json") for nic in nics],
                 "resources": self.node_resources(node),
                 # What acts on this node's ports: preflight checks each against the real ports.
-                "reach": [{"group": g.name, "object": what, "selector": g.selector()} for g, what in self.reach(node)],
+                "reach": [{"group": g.name, "object": what, "selector": g.selector(shared=what != "SR-IOV policy")}
+                          for g, what in self.reach(node)],
             } for node, nics in self.nodes.items()},
         }
 
@@ -210,9 +237,8 @@ class _Resolver:
                 mine, theirs = getattr(nic, key), getattr(group.nic, key)
                 if mine != theirs:
                     path = ("nics", index) if key == "kind" else ("nics", index, key)
-                    shown = (lambda v: v.model_dump(mode="json") if hasattr(v, "model_dump") else v)
                     self.misfit(node.name, path,
-                                f"NIC group {nic.name} has {key} {shown(theirs)} on {group.first} and {shown(mine)} "
+                                f"NIC group {nic.name} has {key} {_shown(theirs)} on {group.first} and {_shown(mine)} "
                                 f"here; one operator object serves the whole group",
                                 f"give {nic.name} the same {key} on every node, or name these ports another group")
                     break

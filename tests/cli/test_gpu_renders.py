@@ -5,8 +5,6 @@ from those values on those nodes (tests/doubles/gpu_operator, a double of the op
 image choice). GPUBOOT_UPDATE_GOLDEN=1 rewrites the golden copies after a reviewed change."""
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,15 +15,12 @@ from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
 from gpuboot.mirror.plan import Target, build
 from tests.doubles.gpu_operator.chart import check_values, deployed_images
+from tests.support.golden import matches_golden
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = sorted(p.name for p in (ROOT / "tests" / "corpus" / "gpu").iterdir() if p.is_dir())
 GOLDEN = ROOT / "tests" / "golden" / "gpu"
 ADDONS = Path("etc/gpuboot/addons")
-
-
-def tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +49,7 @@ def node_labels(addons: Path) -> dict[str, dict]:
 
 @pytest.mark.parametrize("case", CASES)
 def test_render_matches_golden(rendered, case):
-    _, addons = rendered[case]
-    golden = GOLDEN / case
-    if os.environ.get("GPUBOOT_UPDATE_GOLDEN"):
-        shutil.rmtree(golden, ignore_errors=True)
-        shutil.copytree(addons, golden)
-    got, want = tree(addons), tree(golden)
-    assert sorted(got) == sorted(want)
-    for name in want:
-        assert got[name] == want[name], f"{case}/{name} differs from the golden copy"
+    matches_golden(rendered[case][1], GOLDEN / case)
 
 
 @pytest.mark.parametrize("case", CASES)

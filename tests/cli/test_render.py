@@ -2,31 +2,20 @@
 hosts do not exist), and matches the reviewed golden copy in tests/golden/sample."""
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 from gpuboot.cli.main import run
+from tests.support.golden import matches_golden
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "inventories" / "sample" / "inventory.yml"
 GOLDEN = ROOT / "tests" / "golden" / "sample"
 
 
-def tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def test_render_sample_matches_golden(tmp_path, capsys):
     out = tmp_path / "render"
     assert run(["render", str(SAMPLE), "--out", str(out)]) == 0
-    if os.environ.get("GPUBOOT_UPDATE_GOLDEN"):  # after a reviewed change, as test_gpu_renders
-        shutil.rmtree(GOLDEN, ignore_errors=True)
-        shutil.copytree(out, GOLDEN)
-    got, want = tree(out), tree(GOLDEN)
-    assert sorted(got) == sorted(want)
-    for name in want:
-        assert got[name] == want[name], name
+    got = matches_golden(out, GOLDEN)
     # GPU workers get the nouveau blacklist, others do not.
     assert "gpu01/etc/modprobe.d/gpuboot-blacklist-nouveau.conf" in got
     assert "cp01/etc/modprobe.d/gpuboot-blacklist-nouveau.conf" not in got

@@ -30,8 +30,9 @@ def test_sample_plan_lists_the_runtime_resolved_driver_images():
     gpu = release.model_extra["gpu_operator"]
     doca = release.model_extra["network_operator"]["doca_driver_version"]
     # Each GPU node's own kernel (gpuboot_node.kernel), precompiled as gpuboot.drivers asks:
-    # no driver built on a node, so no generic driver image and no kernel headers.
-    expected = {f"nvcr.io/nvidia/mellanox/doca-driver:{doca}-ubuntu22.04-amd64"}
+    # no driver built on a node, so no generic driver image and no kernel headers; the DOCA
+    # driver too (forcePrecompiled), so no DOCA image without a kernel in its tag.
+    expected = set()
     for node in ("gpu01", "gpu02"):
         kernel = cluster.host_inputs(node)["gpuboot_node"]["kernel"]
         expected.add(f"nvcr.io/nvidia/driver:{gpu['driver_branch']}-{kernel}-ubuntu22.04")
@@ -81,7 +82,10 @@ def test_architectures_and_kernels_multiply_the_doca_images():
                   for kernel in ("6.8.0-31-generic", "6.8.0-49-generic"))
     plan = build(release, Target(nodes))
     doca = [r for r in refs(plan) if "doca-driver" in r]
-    assert len(doca) == 2 + 2 * 2  # per arch, plus per kernel and arch
+    assert len(doca) == 2 * 2  # precompiled: per kernel and arch
+    built = build(release, Target((NodeTarget("ubuntu-24.04", "ubuntu24.04", ("6.8.0-31-generic",), ("amd64", "arm64"),
+                                              rdma=True, precompiled=False),)))
+    assert sorted(r.rsplit("-", 1)[1] for r in refs(built) if "doca-driver" in r) == ["amd64", "arm64"]  # per arch
     without = build(release, Target((NodeTarget("ubuntu-24.04", "ubuntu24.04", ("6.8.0-31-generic",)),)))
     assert not [r for r in refs(without) if "doca-driver" in r]
 

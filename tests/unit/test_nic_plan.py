@@ -35,19 +35,24 @@ def test_mixed_fleet_resolves_one_object_per_nic_group():
     networks = {n["name"]: n for n in plan["networks"]}
     assert networks["ib-fabric"]["kind"] == "SriovIBNetwork" and networks["ib-fabric"]["namespace"] == "training"
     assert networks["roce"]["kind"] == "SriovNetwork" and networks["roce"]["gateway"] == "192.168.160.1"
-    # Labels: the groups' policies and pools pick their nodes; the shared plugin runs on the L40S only.
+    # Labels: the groups' policies and pools pick their nodes, the NicClusterPolicy every fabric node.
     labels = plan["node_labels"]
     assert set(labels) == {"hgx01", "hgx02", "hgx03", "hgx04", "l40s01", "l40s02"}
     assert labels["hgx01"] == {"nic.gpuboot.io/fabric-node": "true", "nic.gpuboot.io/ib-fabric": "true"}
-    assert labels["l40s02"]["nic.gpuboot.io/rdma-shared-node"] == "true"
+    assert labels["l40s02"] == {"nic.gpuboot.io/fabric-node": "true", "nic.gpuboot.io/roce": "true"}
     # What each node must advertise: 8 PFs x 4 VFs; by device id the VF count is known only
     # once preflight has counted the ports.
     assert plan["nodes"]["hgx03"]["resources"] == {"nvidia.com/ib_vf": 32}
     assert plan["nodes"]["l40s01"]["resources"] == {"nvidia.com/roce_vf": None, "nvidia.com/roce_shared": 32}
     assert "h100pcie01" not in plan["nodes"] and "cpu01" not in plan["nodes"]
-    # What acts on each node's ports, for preflight to check against the real ones.
+    # What acts on each node's ports, for preflight to check against the real ones: the shared
+    # plugin runs on every fabric node (the HGX's ConnectX-7 IB ports share the RoCE ports'
+    # device id, so its entry's link type is what keeps them out).
     assert [r["group"] for r in plan["nodes"]["l40s01"]["reach"]] == ["roce", "roce"]
-    assert [r["object"] for r in plan["nodes"]["hgx01"]["reach"]] == ["SR-IOV policy"]
+    hgx = plan["nodes"]["hgx01"]["reach"]
+    assert [(r["group"], r["object"]) for r in hgx] == [("ib-fabric", "SR-IOV policy"),
+                                                        ("roce", "RDMA shared device plugin")]
+    assert hgx[1]["selector"] == {"device_ids": ["15b3:1021"], "link_types": ["eth"]}
 
 
 def fleet(tmp_path: Path, nics_a: str, nics_b: str, extra: str = "") -> Path:

@@ -8,7 +8,7 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
-from gpuboot import gpu_plan
+from gpuboot import gpu_plan, nic_plan
 from gpuboot.config.model import Cluster
 from gpuboot.errors import MirrorError
 from gpuboot.matrix import Release
@@ -89,7 +89,8 @@ class NodeTarget:
     def holds(self, condition: str) -> bool:
         return {"gpu_container_driver": self.gpu_driver == "container",
                 "gpu_precompiled_driver": self.gpu_driver == "precompiled",
-                "rdma": self.rdma, "doca_precompiled": self.rdma and self.precompiled}[condition]
+                "rdma": self.rdma, "doca_container": self.rdma and not self.precompiled,
+                "doca_precompiled": self.rdma and self.precompiled}[condition]
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class Target:
 
     nodes: tuple[NodeTarget, ...] = ()
     gpu_operands: tuple[str, ...] | None = None
+    network_operands: tuple[str, ...] | None = None
 
     @property
     def os_keys(self) -> tuple[str, ...]:
@@ -131,7 +133,7 @@ class Target:
                 "known, so the GPU/DOCA driver images (tagged per OS and kernel at run time) cannot be listed",
                 hint="add gpuboot.node_os: {id: ubuntu-22.04, kernels: [<uname -r of the GPU nodes>]}, "
                      "or gpuboot_node.os and .kernel per node")
-        return cls(tuple(dict.fromkeys(nodes)), gpu.operands())
+        return cls(tuple(dict.fromkeys(nodes)), gpu.operands(), nic_plan.resolve(settings, cluster.nodes).operands())
 
 
 def _lookup(release: Release, dotted: str) -> str:
@@ -201,7 +203,8 @@ def build(release: Release, target: Target | None = None) -> Plan:
     for component, refs in release.images.items():
         if isinstance(refs, dict):
             # Keyed by operand: only those the cluster's values turn on.
-            wanted = target.gpu_operands if component == "gpu_operator" else None
+            wanted = {"gpu_operator": target.gpu_operands,
+                      "network_operator": target.network_operands}.get(component)
             refs = [ref for operand, ref in refs.items() if wanted is None or operand in wanted]
         for text in refs:
             plan.add_image(parse_image(text), component, "chart default" if component != "kubernetes"

@@ -200,7 +200,8 @@ UP: tuple[Phase, ...] = (
     # What gpuboot applies lives on the first control plane; the objects live in the cluster.
     Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml",
           Result(files=("/etc/gpuboot/addons/gpu-operator/*.yaml",)), pulls=("gpu_operator",), idle_when=_no_gpus),
-    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml", pulls=("network_operator",),
+    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml",
+          Result(files=("/etc/gpuboot/addons/network-operator/*.yaml",)), pulls=("network_operator",),
           idle_when=_no_nics),
     # The gate: it only reads (its smoke pods are deleted), so it runs whenever `up` reaches it.
     Phase("validate", "Cluster validation", "validate.yml", pulls=("validate",), gate=True),
