@@ -128,4 +128,60 @@ def test_the_module_runs_as_ansible_runs_it(tmp_path):
 def test_documentation_is_valid_yaml():
     import yaml
     doc = yaml.safe_load(hw.DOCUMENTATION)
-    assert set(doc["options"]) == {"expect_gpu", "gpu", "gpu_models", "nics", "kernel_module_type", "sys_root", "proc_root"}
+    assert set(doc["options"]) == {"expect_gpu", "gpu", "gpu_models", "nics", "nic_reach", "address_interface",
+                                   "kernel_module_type", "sys_root", "proc_root"}
+
+
+# An HGX-like node: eight ConnectX-7 InfiniBand fabric ports, two ConnectX-6 Dx ports in
+# bond0, which carries the node's own address.
+IB = {"name": "ib-fabric", "pf_names": [f"ens{i}f0np0" for i in range(1, 9)], "num_vfs": 4, "link_type": "ib",
+      "resource_name": "nvidia.com/ib_vf"}
+MGMT = {"name": "mgmt", "pf_names": ["eno1np0", "eno2np0"], "purpose": "management"}
+
+
+def select(facts, tmp_path, nics, reach, address="bond0"):
+    sys_root, proc_root = build_tree(facts, tmp_path / "host")
+    found = hw.discover(str(sys_root), str(proc_root), nics, gpus.catalog_data(), address)
+    return found, hw.evaluate(found, False, {}, nics, "open", reach)[0]
+
+
+def reach(group, obj="SR-IOV policy", **selector):
+    return [{"group": group, "object": obj, "selector": selector}]
+
+
+def test_each_object_takes_exactly_its_group_s_ports(tmp_path):
+    hgx = hgx_server(connectx=8, link="ib", management=2, bond=True)
+    found, problems = select(hgx, tmp_path, [IB, MGMT], reach("ib-fabric", pf_names=IB["pf_names"]))
+    assert problems == []
+    assert found["address_ports"] == ["eno1np0", "eno2np0"]  # followed down through bond0
+    assert found["nic_ports"] == {"ib-fabric": IB["pf_names"], "mgmt": ["eno1np0", "eno2np0"]}
+
+
+@pytest.mark.parametrize("nics, selection, expected", [
+    # A group selected by vendor:device on another node: here the same device carries management.
+    ([MGMT], reach("roce", "RDMA shared device plugin", device_ids=["15b3:101d"], link_types=["eth"]),
+     "NIC group roce's RDMA shared device plugin would take port eno1np0 (0000:c1:00.0, 15b3:101d), which "
+     "carries this node's own address (through bond0)"),
+    # Names listed for other nodes that match a declared management port here (no address on it).
+    ([dict(MGMT, pf_names=["eno2np0"])], reach("fabric", pf_names=["ens1f0np0", "eno2np0"]),
+     "which carries this node's own address"),
+    ([IB, MGMT], reach("other", pf_names=["ens3f0np0"]), "which is NIC group ib-fabric's"),
+    ([MGMT], reach("ib-fabric", pf_names=["ens1f0np0"]), "which the inventory does not declare on this node"),
+])
+def test_an_object_that_would_take_another_port_is_refused(tmp_path, nics, selection, expected):
+    _, problems = select(hgx_server(connectx=8, link="ib", management=2, bond=True), tmp_path, nics, selection)
+    assert any(expected in p for p in problems), problems
+
+
+def test_a_declared_management_port_without_the_address_is_still_refused(tmp_path):
+    storage = {"name": "nvme", "pf_names": ["ens8f0np0"], "purpose": "storage"}
+    _, problems = select(hgx_server(connectx=8, link="ib", management=2, bond=True), tmp_path, [storage],
+                         reach("ib-fabric", link_types=["ib"], device_ids=["15b3:1021"]))
+    assert any("would also take port ens8f0np0" in p and "its storage NIC nvme" in p for p in problems), problems
+    assert sum("does not declare" in p for p in problems) == 7  # the other seven, undeclared here
+
+
+def test_a_device_id_group_without_such_a_port_is_a_problem(tmp_path):
+    nic = {"name": "roce", "device_ids": ["15b3:1017"], "resource_name": "rdma/roce"}
+    _, problems = select(hgx_server(), tmp_path, [nic], [])
+    assert any("no port of device 15b3:1017" in p for p in problems), problems

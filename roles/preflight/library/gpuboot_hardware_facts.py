@@ -16,6 +16,13 @@ options:
   gpu: {type: dict, default: {}, description: "The node's gpuboot_node.gpu settings (model, count, mig)."}
   gpu_models: {type: dict, default: {}, description: "gpuboot's GPU table (mirror/gpus.yml): name -> product, pci_devices, architecture, mig."}
   nics: {type: list, elements: dict, default: [], description: "The node's gpuboot_node.nics."}
+  nic_reach:
+    type: list
+    elements: dict
+    default: []
+    description: "What the Network Operator's objects select on this node: group, object and selector (pf_names,
+      pci_addresses, device_ids, link_types), as gpuboot resolved them over every node they reach."
+  address_interface: {type: str, default: "", description: "The interface holding the node's own address (bonds and VLANs are followed down)."}
   kernel_module_type: {type: str, default: open, description: "The release's GPU driver kernel module type (open, proprietary, auto)."}
   sys_root: {type: path, default: /sys, description: Where sysfs is mounted (another root reads a captured tree).}
   proc_root: {type: path, default: /proc, description: Where procfs is mounted.}
@@ -136,8 +143,86 @@ def link_type(sys_root, interfaces):
     return "ib" if "32" in kinds else "eth" if "1" in kinds else None
 
 
-def discover(sys_root, proc_root, nics, models):
+def net_ports(sys_root):
+    """Every network port backed by a PCI function that is not a VF: interface -> its facts."""
+    ports = {}
+    base = os.path.join(sys_root, "class", "net")
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        address = link_name(os.path.join(base, name, "device"))
+        device = pci_device(sys_root, address) if address else None
+        if device is None or os.path.exists(os.path.join(sys_root, "bus", "pci", "devices", address, "physfn")):
+            continue
+        ports[name] = {"ifname": name, "pci_address": address, "vendor": device["vendor"],
+                       "device_id": device["device_id"], "link_type": link_type(sys_root, [name])}
+    return ports
+
+
+def lower_ports(sys_root, name, ports, depth=0):
+    """The ports under an interface: itself, or those its bond or VLAN sits on (lower_* links)."""
+    if name in ports:
+        return [name]
+    base = os.path.join(sys_root, "class", "net", name)
+    if depth > 4 or not os.path.isdir(base):
+        return []
+    found = []
+    for entry in sorted(os.listdir(base)):
+        if entry.startswith("lower_"):
+            found += lower_ports(sys_root, entry[len("lower_"):], ports, depth + 1)
+    return found
+
+
+def _selects(port, selector):
+    """Whether a selector (every key it has must match) takes a port."""
+    values = {"pf_names": port["ifname"], "pci_addresses": (port["pci_address"] or "").lower(),
+              "device_ids": "{0}:{1}".format((port["vendor"] or "")[2:], (port["device_id"] or "")[2:]),
+              "link_types": port["link_type"]}
+    return all(values[key] in [v.lower() if key == "pci_addresses" else v for v in wanted]
+               for key, wanted in selector.items())
+
+
+def declared_ports(nic, ports):
+    """The ports a NIC of the inventory names on this node."""
+    selector = {k: nic[k] for k in ("pf_names", "pci_addresses", "device_ids") if nic.get(k)}
+    return sorted(name for name, port in ports.items() if selector and _selects(port, selector))
+
+
+def selection_problems(facts, nics, reach):
+    """Each operator object must take exactly its group's ports here: never a management or
+    storage port, another group's port, an undeclared port, or the port of the node's address."""
+    ports, problems = facts["ports"], []
+    owner = {}
+    for nic in nics:
+        for name in declared_ports(nic, ports):
+            owner.setdefault(name, nic)
+    own_address = set(facts["address_ports"])
+    for item in reach:
+        what = "NIC group {0}'s {1}".format(item["group"], item["object"])
+        taken = sorted(n for n, p in ports.items() if p["vendor"] == MELLANOX and _selects(p, item["selector"]))
+        for name in taken:
+            port = ports[name]
+            nic = owner.get(name)
+            seen = "{0} ({1}, {2}:{3})".format(name, port["pci_address"], (port["vendor"] or "")[2:],
+                                               (port["device_id"] or "")[2:])
+            if name in own_address:
+                problems.append("{0} would take port {1}, which carries this node's own address (through {2}); the "
+                                "operator would cut the node off: select {3}'s ports so that {4} is not one of them"
+                                .format(what, seen, facts["address_interface"], item["group"], name))
+            elif nic is None:
+                problems.append("{0} would also take port {1}, which the inventory does not declare on this node; "
+                                "declare it (purpose: management or storage keeps it out) or narrow {2}'s selector"
+                                .format(what, seen, item["group"]))
+            elif nic.get("name") != item["group"]:
+                role = ("its {0} NIC {1}".format(nic.get("purpose"), nic.get("name"))
+                        if nic.get("purpose", "fabric") != "fabric" else "NIC group {0}'s".format(nic.get("name")))
+                problems.append("{0} would also take port {1}, which is {2}; the operator must never touch it: "
+                                "select {3}'s ports by names or addresses that {4} does not have"
+                                .format(what, seen, role, item["group"], name))
+    return problems
+
+
+def discover(sys_root, proc_root, nics, models, address_interface=""):
     devices = list(pci_devices(sys_root))
+    ports = net_ports(sys_root)
     modules = loaded_modules(proc_root)
     nic_facts = []
     for nic in nics:
@@ -160,6 +245,11 @@ def discover(sys_root, proc_root, nics, models):
         "iommu": iommu_state(sys_root, proc_root),
         "secure_boot": secure_boot(sys_root),
         "nics": nic_facts,
+        "ports": ports,
+        "address_interface": address_interface,
+        "address_ports": lower_ports(sys_root, address_interface, ports) if address_interface else [],
+        # Each NIC's ports as this node has them (device_ids: every port of that device).
+        "nic_ports": {nic.get("name"): declared_ports(nic, ports) for nic in nics},
     }
 
 
@@ -207,6 +297,10 @@ def gpu_problems(facts, gpu, kernel_module_type):
 
 def nic_problems(facts, nics):
     problems = []
+    for nic in nics:
+        if nic.get("device_ids") and not facts["nic_ports"].get(nic.get("name")):
+            problems.append("NIC {0}: no port of device {1} on this host (ConnectX ports found: {2})".format(
+                nic.get("name"), ", ".join(nic["device_ids"]), ", ".join(facts["connectx"]) or "none"))
     by_selector = {(n["nic"], n["selector"]): n for n in facts["nics"]}
     for nic in nics:
         for selector in list(nic.get("pf_names") or []) + list(nic.get("pci_addresses") or []):
@@ -236,9 +330,10 @@ def nic_problems(facts, nics):
     return problems
 
 
-def evaluate(facts, expect_gpu, gpu, nics, kernel_module_type):
+def evaluate(facts, expect_gpu, gpu, nics, kernel_module_type, reach=()):
     problems, warnings = gpu_problems(facts, gpu or {}, kernel_module_type) if expect_gpu else ([], [])
     problems += nic_problems(facts, nics)
+    problems += selection_problems(facts, nics, reach)
     if nics and any(n.get("rdma", True) for n in nics) and facts["iommu"]["enabled"] and not facts["iommu"]["passthrough"]:
         warnings.append("the IOMMU translates DMA; GPUDirect RDMA is much slower that way: add iommu=pt to the "
                         "kernel command line")
@@ -253,14 +348,17 @@ def main():
         "gpu": {"type": "dict", "default": {}},
         "gpu_models": {"type": "dict", "default": {}},
         "nics": {"type": "list", "elements": "dict", "default": []},
+        "nic_reach": {"type": "list", "elements": "dict", "default": []},
+        "address_interface": {"type": "str", "default": ""},
         "kernel_module_type": {"type": "str", "default": "open", "choices": ["open", "proprietary", "auto"]},
         "sys_root": {"type": "path", "default": "/sys"},
         "proc_root": {"type": "path", "default": "/proc"},
     }, supports_check_mode=True)
     params = module.params
-    facts = discover(params["sys_root"], params["proc_root"], params["nics"], params["gpu_models"])
+    facts = discover(params["sys_root"], params["proc_root"], params["nics"], params["gpu_models"],
+                     params["address_interface"])
     problems, warnings = evaluate(facts, params["expect_gpu"], params["gpu"], params["nics"],
-                                  params["kernel_module_type"])
+                                  params["kernel_module_type"], params["nic_reach"])
     for warning in warnings:
         module.warn(warning)
     module.exit_json(changed=False, ansible_facts={"gpuboot_hardware": facts}, problems=problems)

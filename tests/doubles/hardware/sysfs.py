@@ -58,6 +58,8 @@ def build_tree(facts: dict, root: Path) -> tuple[Path, Path]:
         for attr in ("type", "operstate"):
             if attrs.get(attr) is not None:
                 (iface / attr).write_text(attrs[attr])
+        for lower in attrs.get("lower") or []:  # a bond's or VLAN's ports
+            (iface / f"lower_{lower}").symlink_to(Path("..") / lower)
         target = attrs.get("device")
         if target and target in facts["pci"]:
             (iface / "device").symlink_to(devices / target)
@@ -80,10 +82,12 @@ def build_tree(facts: dict, root: Path) -> tuple[Path, Path]:
 
 def hgx_server(gpu_device: str = "0x2335", gpus: int = 8, nvswitches: int = 4, connectx: int = 2,
                sriov_totalvfs: int = 16, link: str = "eth", iommu: str | None = "identity",
-               secure_boot: bool | None = False, nouveau: bool = False) -> dict:
+               secure_boot: bool | None = False, nouveau: bool = False, management: int = 0,
+               bond: bool = False) -> dict:
     """A synthetic HGX-class GPU server in the capture's format: GPUs at the captured H100's
     attribute values, NVSwitches (class 0x0680, same vendor), ConnectX-7 ports (0x15b3:0x1021)
-    with netdevs ens<N>f0np0 and RDMA devices mlx5_<N>."""
+    with netdevs ens<N>f0np0 and RDMA devices mlx5_<N>; `management` ConnectX-6 Dx Ethernet
+    ports (0x15b3:0x101d) eno<N>np0, with `bond` a bond0 over them (the node's own address)."""
     base = load_capture("h100-sxm5-vm-capture")
     captured_gpu = next(v for v in base["pci"].values() if v["vendor"] == "0x10de\n")
     facts = copy.deepcopy(base)
@@ -107,6 +111,18 @@ def hgx_server(gpu_device: str = "0x2335", gpus: int = 8, nvswitches: int = 4, c
             "sriov_numvfs": "0\n", "iommu_group": str(next(group)) if iommu else None,
             "net": [netdev], "infiniband": [f"mlx5_{index}"]}
         facts["net"][netdev] = {"device": address, "type": ARPHRD[link], "operstate": "up\n"}
+    for index in range(management):
+        address = f"0000:{0xc1 + index:02x}:00.0"
+        netdev = f"eno{index + 1}np0"
+        facts["pci"][address] = {
+            "vendor": "0x15b3\n", "device": "0x101d\n", "class": "0x020000\n", "numa_node": "0\n",
+            "driver": "mlx5_core", "sriov_totalvfs": "8\n", "sriov_numvfs": "0\n",
+            "iommu_group": str(next(group)) if iommu else None, "net": [netdev],
+            "infiniband": [f"mlx5_{connectx + index}"]}
+        facts["net"][netdev] = {"device": address, "type": ARPHRD["eth"], "operstate": "up\n"}
+    if bond and management:
+        facts["net"]["bond0"] = {"type": ARPHRD["eth"], "operstate": "up\n",
+                                 "lower": [f"eno{i + 1}np0" for i in range(management)]}
     facts["iommu_groups"] = {g: f"{iommu}\n" for g in (v.get("iommu_group") for v in facts["pci"].values()) if g} \
         if iommu else {}
     facts["iommu_devices"] = ["dmar0", "dmar1"] if iommu else []
