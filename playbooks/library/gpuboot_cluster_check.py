@@ -9,8 +9,10 @@ description:
   - Every GPU node advertises the allocatable resources the inventory implies (GPUs x
     time-slicing replicas, or the MIG devices of its layout); the GPU Operator's ClusterPolicy
     is ready and every operand pod is ready, per node; a smoke Job per GPU node group requests
-    one GPU (or MIG device) and runs nvidia-smi; with Calico every TigeraStatus is Available;
-    a pod on one node reaches a pod on another.
+    one GPU (or MIG device) and runs nvidia-smi; every fabric node advertises the RDMA and VF
+    resources its NICs imply, the NicClusterPolicy is ready and, with VFs, the SR-IOV config
+    daemon reports them made; a pod on each secondary network's node gets an address on it;
+    with Calico every TigeraStatus is Available; a pod on one node reaches a pod on another.
   - Returns one row per check (node, check, want, got, ok, reason). Jobs and pods it starts are
     deleted before it returns; the namespace it runs them in is kept (created once).
 options:
@@ -20,6 +22,17 @@ options:
     default: {}
     description: "node -> {resources: {name: count} or null, group: the node's GPU group}."
   gpu_namespace: {type: str, default: gpu-operator}
+  fabric_nodes:
+    type: dict
+    default: {}
+    description: "node -> {resource: count, or null when only a count above 0 is known} of its NICs (RDMA, VFs)."
+  network_namespace: {type: str, default: nvidia-network-operator}
+  sriov: {type: bool, default: false, description: NIC groups want VFs; their node states must report them made.}
+  networks:
+    type: list
+    elements: dict
+    default: []
+    description: "Secondary networks: {name, namespace, node, resource (to request, or null)}; a pod attaches to each."
   smoke_image: {type: str, default: ""}
   probe_image: {type: str, default: ""}
   calico: {type: bool, default: false}
@@ -27,6 +40,7 @@ options:
   timeout: {type: int, default: 180, description: Seconds each Job or probe may take.}
 """
 
+import json
 import re
 import time
 import uuid
@@ -49,6 +63,10 @@ def _fmt(resources):
     return ", ".join(f"{k}={v}" for k, v in sorted(resources.items())) or "none"
 
 
+def _gpu_resource(name):
+    return name == "nvidia.com/gpu" or name.startswith("nvidia.com/mig-")
+
+
 def check_resources(nodes, gpu_nodes):
     rows = []
     for name, want in sorted(gpu_nodes.items()):
@@ -57,7 +75,7 @@ def check_resources(nodes, gpu_nodes):
             rows.append(row(name, "allocatable", _fmt(want.get("resources") or {}), "no such node", False,
                             "the node is not in the cluster"))
             continue
-        got = {k: int(v) for k, v in node["status"].get("allocatable", {}).items() if k.startswith("nvidia.com/")}
+        got = {k: int(v) for k, v in node["status"].get("allocatable", {}).items() if _gpu_resource(k)}
         wanted = want.get("resources")
         if wanted is None:  # GPU count not declared: any GPU at all
             rows.append(row(name, "allocatable", "nvidia.com/* > 0", _fmt(got), sum(got.values()) > 0,
@@ -85,6 +103,63 @@ def check_operator(kube, namespace, gpu_nodes):
             app = pod["metadata"].get("labels", {}).get("app", pod["metadata"]["name"])
             rows.append(row(node, f"operand {app}", "Ready", pod["status"].get("phase", "?"), False,
                             f"{pod['metadata']['name']}: {pod_problem(pod)}"))
+    return rows
+
+
+def check_fabric(kube, nodes, fabric_nodes, namespace, sriov):
+    rows = []
+    policy = kube.get("nicclusterpolicies.mellanox.com", "nic-cluster-policy")
+    state = (policy or {}).get("status", {}).get("state") if policy else None
+    rows.append(row("-", "NicClusterPolicy", "ready", state or "missing", state == "ready",
+                    "" if state == "ready" else "the Network Operator has not made every component ready"))
+    states = {}
+    if sriov:
+        found = kube.get("sriovnetworknodestates.sriovnetwork.openshift.io", "-n", namespace) or {"items": []}
+        states = {s["metadata"]["name"]: s.get("status", {}) for s in found["items"]}
+    for name, wanted in sorted(fabric_nodes.items()):
+        node = nodes.get(name)
+        if node is None:
+            rows.append(row(name, "fabric allocatable", _fmt({k: v or "?" for k, v in wanted.items()}), "no such node",
+                            False, "the node is not in the cluster"))
+            continue
+        allocatable = node["status"].get("allocatable", {})
+        got = {k: int(allocatable.get(k, 0)) for k in wanted}
+        ok = all(got[k] == v if v is not None else got[k] > 0 for k, v in wanted.items())
+        rows.append(row(name, "fabric allocatable", _fmt({k: v if v is not None else ">0" for k, v in wanted.items()}),
+                        _fmt(got), ok, "" if ok else "RDMA/VF resources differ from the NICs the inventory declares "
+                        "(a selector that matches no port advertises 0)"))
+        if sriov:
+            status = states.get(name, {})
+            sync = status.get("syncStatus", "not reported")
+            rows.append(row(name, "VFs made", "Succeeded", sync, sync == "Succeeded",
+                            "" if sync == "Succeeded" else status.get("lastSyncError", "")))
+    return rows
+
+
+def check_attach(kube, namespace, networks, image, timeout):
+    """A pod on a node of each secondary network attaches to it: Multus reports an address."""
+    rows = []
+    for net in networks:
+        run_id = f"attach-{_dns(net['name'])}-{uuid.uuid4().hex[:8]}"[:63]
+        spec = _pod_spec(net["node"], image, ("args", ["pause"]), {net["resource"]: "1"} if net.get("resource") else None)
+        kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "generateName": f"attach-{_dns(net['name'])}-", "namespace": namespace, "labels": {RUN_LABEL: run_id},
+            "annotations": {"k8s.v1.cni.cncf.io/networks": f"{net['namespace']}/{net['name']}"}}, "spec": spec})
+        deadline = time.monotonic() + timeout
+        pod, addresses = None, []
+        while time.monotonic() < deadline and not addresses:
+            items = (kube.get("pods", "-n", namespace, "-l", f"{RUN_LABEL}={run_id}") or {"items": []})["items"]
+            pod = items[0] if items else None
+            status = (pod or {}).get("metadata", {}).get("annotations", {}).get("k8s.v1.cni.cncf.io/network-status")
+            try:
+                attached = [a for a in json.loads(status or "[]") if a.get("name") == f"{net['namespace']}/{net['name']}"]
+            except ValueError:
+                attached = []
+            addresses = [ip for a in attached for ip in a.get("ips", [])]
+            if not addresses:
+                time.sleep(2)
+        rows.append(row(net["node"], f"attach {net['namespace']}/{net['name']}", "an address", ", ".join(addresses) or "none",
+                        bool(addresses), "" if addresses else (pod_problem(pod) if pod else "the pod was not created")))
     return rows
 
 
@@ -197,6 +272,10 @@ def main():
         "kubeconfig": {"type": "path", "required": True},
         "gpu_nodes": {"type": "dict", "default": {}},
         "gpu_namespace": {"type": "str", "default": "gpu-operator"},
+        "fabric_nodes": {"type": "dict", "default": {}},
+        "network_namespace": {"type": "str", "default": "nvidia-network-operator"},
+        "sriov": {"type": "bool", "default": False},
+        "networks": {"type": "list", "elements": "dict", "default": []},
         "smoke_image": {"type": "str", "default": ""},
         "probe_image": {"type": "str", "default": ""},
         "calico": {"type": "bool", "default": False},
@@ -218,6 +297,10 @@ def main():
             rows += check_operator(kube, p["gpu_namespace"], p["gpu_nodes"])
             if p["smoke_image"]:
                 rows += check_smoke(kube, p["namespace"], p["gpu_nodes"], p["smoke_image"], p["timeout"])
+        if p["fabric_nodes"]:
+            rows += check_fabric(kube, nodes, p["fabric_nodes"], p["network_namespace"], p["sriov"])
+            if p["probe_image"]:
+                rows += check_attach(kube, p["namespace"], p["networks"], p["probe_image"], p["timeout"])
         if p["calico"]:
             rows += check_calico(kube)
         if p["probe_image"]:

@@ -1,7 +1,8 @@
 """The add-on waits against a real API server: the calico role's ready.yml and the
 gpu_operator role's ready.yml, run by the real ansible-playbook (local connection) with the
-real kubectl. The operators cannot run here, so the test writes the status they would write
-(TigeraStatus conditions, the ClusterPolicy's state). Shown: a wait passes when every
+real kubectl, and the network_operator role's. The operators cannot run here, so the test
+writes the status they would write (TigeraStatus conditions, the ClusterPolicy's and the
+NicClusterPolicy's state, each SR-IOV node state's sync status). Shown: a wait passes when every
 component is Available (the policy ready), and otherwise stops naming each component with
 the reason and message of its Degraded condition (the policy's state). Operand pods named
 with their node and reason are shown in the lab (test_lab_gpu_stack.py)."""
@@ -74,4 +75,50 @@ def test_gpu_operator_wait_passes_when_ready_and_names_the_state_otherwise(api, 
     assert short.returncode != 0 and "ClusterPolicy is notReady after 5 s" in short.stdout, short.stdout[-3000:]
     status(api, "clusterpolicies.nvidia.com", "cluster-policy", {"state": "ready"})
     ok = wait(api, tmp_path, "gpu_operator", variables)
+    assert ok.returncode == 0, ok.stdout[-3000:]
+
+
+def test_network_operator_wait_needs_the_policy_ready_and_every_fabric_node_s_vfs(api, tmp_path):
+    crds = CRDS / "network-operator" / "crds"
+    for name in ("mellanox.com_nicclusterpolicies.yaml", "sriovnetwork.openshift.io_sriovnetworknodestates.yaml"):
+        api.kubectl("apply", "--server-side", "-f", str(crds / name))
+    api.kubectl("wait", "--for=condition=Established", "crd/nicclusterpolicies.mellanox.com",
+                "crd/sriovnetworknodestates.sriovnetwork.openshift.io")
+    api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                                                       "metadata": {"name": "nvidia-network-operator"}}))
+    # Cluster-scoped in a shared API server: applied as gpuboot applies it, deleted at the end.
+    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=json.dumps({
+        "apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy", "metadata": {"name": "nic-cluster-policy"},
+        "spec": {"ofedDriver": {"image": "doca-driver", "repository": "r", "version": "1"}}}))
+    try:
+        _network_operator_wait(api, tmp_path)
+    finally:
+        api.kubectl("delete", "nicclusterpolicies.mellanox.com", "nic-cluster-policy", "--ignore-not-found")
+
+
+def _network_operator_wait(api, tmp_path):
+    for node in ("hgx01", "hgx02"):
+        api.kubectl("apply", "-f", "-", stdin=json.dumps({
+            "apiVersion": "sriovnetwork.openshift.io/v1", "kind": "SriovNetworkNodeState",
+            "metadata": {"name": node, "namespace": "nvidia-network-operator"}, "spec": {}}))
+    plan = {"sriov": True, "node_labels": {"hgx01": {}, "hgx02": {}}}
+    variables = {"network_operator_kubeconfig": str(api.kubeconfig), "network_operator_ready_timeout": 5,
+                 "network_operator_plan": plan, "network_operator_release": {}, "network_operator_images": {},
+                 "network_operator_gpu_kernel_module_type": "open"}
+    status(api, "nicclusterpolicies.mellanox.com", "nic-cluster-policy", {"state": "notReady"})
+    short = wait(api, tmp_path, "network_operator", variables)
+    assert short.returncode != 0 and "NicClusterPolicy notReady" in short.stdout, short.stdout[-3000:]
+    status(api, "nicclusterpolicies.mellanox.com", "nic-cluster-policy", {"state": "ready"})
+    api.kubectl("patch", "sriovnetworknodestates.sriovnetwork.openshift.io", "hgx01", "-n", "nvidia-network-operator",
+                "--subresource=status", "--type=merge", "-p", json.dumps({"status": {"syncStatus": "Succeeded"}}))
+    api.kubectl("patch", "sriovnetworknodestates.sriovnetwork.openshift.io", "hgx02", "-n", "nvidia-network-operator",
+                "--subresource=status", "--type=merge", "-p", json.dumps({"status": {
+                    "syncStatus": "Failed", "lastSyncError": "double: ibp24s0 sriov_totalvfs is 0"}}))
+    short = wait(api, tmp_path, "network_operator", variables)
+    assert short.returncode != 0 and "- hgx02: VFs Failed double: ibp24s0 sriov_totalvfs is 0" in short.stdout, \
+        short.stdout[-3000:]
+    assert "- hgx01:" not in short.stdout
+    api.kubectl("patch", "sriovnetworknodestates.sriovnetwork.openshift.io", "hgx02", "-n", "nvidia-network-operator",
+                "--subresource=status", "--type=merge", "-p", json.dumps({"status": {"syncStatus": "Succeeded"}}))
+    ok = wait(api, tmp_path, "network_operator", variables)
     assert ok.returncode == 0, ok.stdout[-3000:]

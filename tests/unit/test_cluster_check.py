@@ -79,3 +79,29 @@ def test_calico_rows_say_which_component_is_not_available_and_why():
     assert [(r["check"], r["ok"]) for r in rows] == [("Calico calico", False), ("Calico apiserver", True)]
     assert rows[0]["reason"].startswith("ResourceNotReady: IP pool")
     assert check.check_calico(FakeKube({}))[0]["reason"] == "the tigera-operator reports no component"
+
+
+def test_fabric_rows_compare_rdma_and_vf_resources_and_name_the_vfs_not_made():
+    nodes = {"hgx01": node("hgx01", {"nvidia.com/ib_vf": "32", "nvidia.com/gpu": "8"}),
+             "hgx02": node("hgx02", {"nvidia.com/ib_vf": "28"}),
+             "l40s01": node("l40s01", {"nvidia.com/roce_vf": "16", "nvidia.com/roce_shared": "0"})}
+    states = {"items": [{"metadata": {"name": "hgx01"}, "status": {"syncStatus": "Succeeded"}},
+                        {"metadata": {"name": "hgx02"}, "status": {"syncStatus": "Failed",
+                                                                   "lastSyncError": "ibp209s0: sriov_totalvfs 0"}}]}
+    kube = FakeKube({("nicclusterpolicies.mellanox.com", "nic-cluster-policy"): {"status": {"state": "ready"}},
+                     ("sriovnetworknodestates.sriovnetwork.openshift.io", "-n", "nvidia-network-operator"): states})
+    rows = check.check_fabric(kube, nodes, {
+        "hgx01": {"nvidia.com/ib_vf": 32}, "hgx02": {"nvidia.com/ib_vf": 32},
+        # by device id: the VF count is known only as more than 0; the shared pool is rdmaHcaMax.
+        "l40s01": {"nvidia.com/roce_vf": None, "nvidia.com/roce_shared": 32}}, "nvidia-network-operator", True)
+    by = {(r["node"], r["check"]): r for r in rows}
+    assert by[("-", "NicClusterPolicy")]["ok"]
+    assert by[("hgx01", "fabric allocatable")]["ok"] and by[("hgx01", "VFs made")]["ok"]
+    assert not by[("hgx02", "fabric allocatable")]["ok"] and by[("hgx02", "fabric allocatable")]["got"] == "nvidia.com/ib_vf=28"
+    assert not by[("hgx02", "VFs made")]["ok"] and by[("hgx02", "VFs made")]["reason"] == "ibp209s0: sriov_totalvfs 0"
+    shared = by[("l40s01", "fabric allocatable")]
+    assert not shared["ok"] and shared["want"] == "nvidia.com/roce_shared=32, nvidia.com/roce_vf=>0"
+    assert "matches no port advertises 0" in shared["reason"]
+    assert by[("l40s01", "VFs made")]["got"] == "not reported"
+    # GPU resources are compared on their own: a node's VF resource is not a GPU.
+    assert check.check_resources(nodes, {"hgx01": {"resources": {"nvidia.com/gpu": 8}}})[0]["ok"]
