@@ -1,0 +1,219 @@
+"""TEST DOUBLE of the NVIDIA Network Operator, its SR-IOV operator and Multus, run against a real
+lab cluster.
+
+The real operators (and a ConnectX NIC) cannot exist here. This double does, through the lab's
+real API server, what gpuboot depends on, from the objects gpuboot applied and each node's
+double hardware (tests/doubles/hardware, the same tree preflight read):
+- one DaemonSet per component the NicClusterPolicy turns on, with the image it names (the DOCA
+  driver's tag from the node's OS and architecture, or kernel too when forcePrecompiled), on the
+  nodes its node affinity selects, so the lab's nodes pull every image through the mirror;
+- the RDMA shared device plugin's resources: rdmaHcaMax where its selectors (the plugin's own
+  rules: vendors, deviceIDs, ifNames, linkTypes, all that are set) take a port, 0 otherwise;
+- per SriovNetworkNodePolicy, numVfs x the PFs its nicSelector takes on each node it selects
+  (more VFs than sriov_totalvfs fails that node's SriovNetworkNodeState, as the config daemon
+  would), advertised under the operator's resource prefix;
+- NicClusterPolicy status.state ready once every component DaemonSet is ready;
+- Multus' network-status on a pod that names a network gpuboot declared: an address from its
+  IPPool, as Multus and nv-ipam would write it."""
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+import json
+import subprocess
+import threading
+from pathlib import Path
+
+import yaml
+
+MODULE = Path(__file__).resolve().parents[3] / "roles" / "preflight" / "library" / "gpuboot_hardware_facts.py"
+_spec = importlib.util.spec_from_file_location("gpuboot_hardware_facts_double", MODULE)
+hw = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hw)
+
+NAMESPACE = "nvidia-network-operator"
+NETWORKS = (("sriovnetworks.sriovnetwork.openshift.io", True), ("sriovibnetworks.sriovnetwork.openshift.io", True),
+            ("macvlannetworks.mellanox.com", False), ("ipoibnetworks.mellanox.com", False))
+LINK = {"eth": "ether", "ib": "infiniband"}
+
+
+class DoubleNetworkOperator:
+    def __init__(self, kubectl: Path, kubeconfig: Path, hardware: dict[str, dict], resource_prefix: str = "nvidia.com"
+                 ) -> None:
+        """`hardware`: node -> {sys_root: a double tree built from the node's facts, os_tag, kernel, arch}."""
+        self.kubectl, self.kubeconfig, self.hardware = kubectl, kubeconfig, hardware
+        self.resource_prefix = resource_prefix
+        self.ports = {node: hw.net_ports(str(facts["sys_root"])) for node, facts in hardware.items()}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors: list[str] = []
+
+    # -- the API server, through the real kubectl --------------------------------
+    def _run(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([str(self.kubectl), "--kubeconfig", str(self.kubeconfig), "--request-timeout=10s", *args],
+                              input=stdin, capture_output=True, text=True, timeout=30)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args[:3])}: {proc.stderr.strip()}")
+        return proc
+
+    def _get(self, *args: str) -> dict | None:
+        proc = self._run("get", *args, "-o", "json", check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+    def _items(self, *args: str) -> list[dict]:
+        return (self._get(*args) or {"items": []})["items"]
+
+    def _apply(self, objects: list[dict]) -> None:
+        if objects:
+            self._run("apply", "--server-side", "--field-manager=network-operator-double", "--force-conflicts",
+                      "-f", "-", stdin="\n---\n".join(yaml.safe_dump(o) for o in objects))
+
+    def _status(self, *target: str, body: dict) -> None:
+        self._run("patch", *target, "--subresource=status", "--type=merge", "-p", json.dumps({"status": body}))
+
+    # -- what the operators compute ------------------------------------------------
+    @staticmethod
+    def _shared_takes(port: dict, selectors: dict) -> bool:
+        values = {"vendors": (port["vendor"] or "")[2:], "deviceIDs": (port["device_id"] or "")[2:],
+                  "ifNames": port["ifname"], "linkTypes": LINK.get(port["link_type"] or "", ""), "drivers": None}
+        return all(values.get(key) in wanted for key, wanted in selectors.items() if wanted)
+
+    @staticmethod
+    def _sriov_takes(port: dict, selector: dict) -> bool:
+        checks = {"vendor": lambda v: (port["vendor"] or "")[2:] == v,
+                  "deviceID": lambda v: (port["device_id"] or "")[2:] == v,
+                  "pfNames": lambda v: port["ifname"] in v,
+                  "rootDevices": lambda v: (port["pci_address"] or "").lower() in [a.lower() for a in v]}
+        return all(checks[key](value) for key, value in selector.items() if value)
+
+    def resources(self, node: str, labels: dict, policy: dict, sriov: list[dict]) -> tuple[dict[str, int], list[str]]:
+        """What the device plugins advertise on the node, and the SR-IOV errors there."""
+        found: dict[str, int] = {}
+        errors: list[str] = []
+        ports = self.ports[node]
+        plugin = policy["spec"].get("rdmaSharedDevicePlugin")
+        if plugin and self._selected(policy, labels):
+            for entry in json.loads(plugin["config"])["configList"]:
+                taken = [p for p in ports.values() if self._shared_takes(p, entry["selectors"])]
+                found[f"{entry.get('resourcePrefix') or 'rdma'}/{entry['resourceName']}"] = \
+                    entry["rdmaHcaMax"] if taken else 0
+        for item in sriov:
+            spec = item["spec"]
+            if not all(labels.get(k) == v for k, v in spec["nodeSelector"].items()):
+                continue
+            taken = [p for p in ports.values() if self._sriov_takes(p, spec["nicSelector"])]
+            total = 0
+            for port in taken:
+                limit = int((Path(self.hardware[node]["sys_root"]) / "bus" / "pci" / "devices" / port["pci_address"]
+                             / "sriov_totalvfs").read_text())
+                if spec["numVfs"] > limit:
+                    errors.append(f"{port['ifname']}: numVfs {spec['numVfs']} above sriov_totalvfs {limit}")
+                else:
+                    total += spec["numVfs"]
+            found[f"{self.resource_prefix}/{spec['resourceName']}"] = total
+        return found, errors
+
+    @staticmethod
+    def _selected(policy: dict, labels: dict) -> bool:
+        terms = policy["spec"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        return any(all(labels.get(e["key"]) in e["values"] for e in t["matchExpressions"]) for t in terms)
+
+    def _daemonset(self, name: str, image: str, policy: dict, node: str | None = None) -> dict:
+        terms = policy["spec"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        if node:  # the DOCA driver: one DaemonSet per image, on the nodes of that kernel/OS/arch
+            terms = [{"matchExpressions": t["matchExpressions"] + [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]} for t in terms]
+        return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+                "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": name}},
+                "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": terms}}},
+                        "containers": [{"name": name, "image": image}]}}}}
+
+    def reconcile(self) -> str | None:
+        policy = self._get("nicclusterpolicies.mellanox.com", "nic-cluster-policy")
+        if policy is None:
+            return None
+        spec = policy["spec"]
+        nodes = {n["metadata"]["name"]: n for n in self._items("nodes")}
+        sriov = self._items("sriovnetworknodepolicies.sriovnetwork.openshift.io", "-n", NAMESPACE)
+        objects = []
+        for section, name in (("rdmaSharedDevicePlugin", "rdma-shared-dp-ds"), ("nvIpam", "nv-ipam-node")):
+            if spec.get(section):
+                body = spec[section]
+                objects.append(self._daemonset(name, f"{body['repository']}/{body['image']}:{body['version']}", policy))
+        for section, name in (("multus", "kube-multus-ds"), ("cniPlugins", "cni-plugins-ds"), ("ipoib", "kube-ipoib-cni-ds")):
+            body = (spec.get("secondaryNetwork") or {}).get(section)
+            if body:
+                objects.append(self._daemonset(name, f"{body['repository']}/{body['image']}:{body['version']}", policy))
+        driver = spec["ofedDriver"]
+        for node, facts in self.hardware.items():
+            labels = (nodes.get(node) or {}).get("metadata", {}).get("labels", {})
+            if node not in nodes or not self._selected(policy, labels):
+                continue
+            tag = (f"{driver['version']}-{facts['kernel']}-{facts['os_tag']}-{facts['arch']}"
+                   if driver.get("forcePrecompiled") else f"{driver['version']}-{facts['os_tag']}-{facts['arch']}")
+            objects.append(self._daemonset(f"mofed-{node}", f"{driver['repository']}/{driver['image']}:{tag}", policy, node))
+            resources, errors = self.resources(node, labels, policy, sriov)
+            current = {k: v for k, v in (nodes[node].get("status", {}).get("capacity") or {}).items()
+                       if k.startswith((self.resource_prefix + "/", "rdma/"))}
+            wanted = {k: str(v) for k, v in resources.items()}
+            if current != wanted:
+                patch = {k: None for k in current if k not in wanted} | wanted
+                self._status("node", node, body={"capacity": patch, "allocatable": patch})
+            if sriov:
+                self._apply([{"apiVersion": "sriovnetwork.openshift.io/v1", "kind": "SriovNetworkNodeState",
+                              "metadata": {"name": node, "namespace": NAMESPACE}, "spec": {}}])
+                self._status("sriovnetworknodestates.sriovnetwork.openshift.io", node, "-n", NAMESPACE, body={
+                    "syncStatus": "Failed" if errors else "Succeeded", "lastSyncError": "; ".join(errors)})
+        self._apply(objects)
+        ready = all((ds.get("status") or {}).get("desiredNumberScheduled", 0) > 0
+                    and ds["status"].get("numberReady", 0) == ds["status"]["desiredNumberScheduled"]
+                    for ds in self._items("daemonsets", "-n", NAMESPACE)
+                    if ds["metadata"]["name"] in {o["metadata"]["name"] for o in objects})
+        state = "ready" if ready else "notReady"
+        if (policy.get("status") or {}).get("state") != state:
+            self._status("nicclusterpolicies.mellanox.com", "nic-cluster-policy", body={"state": state})
+        self.attach()
+        return state
+
+    def attach(self) -> None:
+        """Multus' part: a pod naming a declared network gets an address from its pool."""
+        networks = {}
+        for kind, _ in NETWORKS:
+            for net in self._items(kind, "-A"):
+                ipam = json.loads(net["spec"].get("ipam") or "{}")
+                networks[f"{net['spec'].get('networkNamespace', 'default')}/{net['metadata']['name']}"] = ipam.get("poolName")
+        pools = {p["metadata"]["name"]: p["spec"] for p in self._items("ippools.nv-ipam.nvidia.com", "-n", NAMESPACE)}
+        for pod in self._items("pods", "-A"):
+            annotations = pod["metadata"].get("annotations") or {}
+            wanted = annotations.get("k8s.v1.cni.cncf.io/networks")
+            if not wanted or "k8s.v1.cni.cncf.io/network-status" in annotations or wanted not in networks:
+                continue
+            pool = pools.get(networks[wanted])
+            if pool is None or not pod["spec"].get("nodeName"):
+                continue
+            address = str(next(ipaddress.ip_network(pool["subnet"]).hosts()) + 1)
+            status = json.dumps([{"name": wanted, "interface": "net1", "ips": [address]}])
+            self._run("annotate", "pod", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"],
+                      f"k8s.v1.cni.cncf.io/network-status={status}")
+
+    # -- as a controller -----------------------------------------------------------
+    def start(self, period: float = 2.0) -> DoubleNetworkOperator:
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.reconcile()
+                except Exception as exc:  # noqa: BLE001 - a controller retries; the test reads .errors
+                    self.errors.append(str(exc))
+                self._stop.wait(period)
+
+        self._thread = threading.Thread(target=loop, name="double-network-operator", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=30)

@@ -1,0 +1,195 @@
+"""The network stack in a real lab cluster (issue 14, point 5): one control plane, one HGX-like
+worker (eight ConnectX-7 InfiniBand fabric ports, two ConnectX-6 Dx management ports in bond0)
+and one worker without RDMA, kubernetes-flavour nodes air-gapped behind the lab mirror, the
+Kubernetes built from Go modules and helm from its Go module.
+
+TEST DOUBLES (tests/doubles/): the worker's hardware (a /sys tree that preflight's real
+discovery module reads on the node, through the lab-only role input preflight_sys_root), the
+Network Operator's chart (closed values schema that helm enforces, CRDs with the documented
+fields), busybox images under every planned name, and a controller that acts on the lab cluster
+from the applied objects and the same hardware (DOCA driver and component DaemonSets, VF and
+RDMA resources, SR-IOV node states, Multus' network status). Real: preflight over SSH on the
+node, helm template, the mirror, every pull by containerd, the API server's validation and
+server-side apply, scheduling on the advertised resources, and gpuboot's waits and gate."""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+
+import pytest
+import yaml
+
+from gpuboot import matrix
+from gpuboot.cli.main import run
+from gpuboot_lab.cluster import Lab, LabSpec
+from gpuboot_lab.helm import HelmBuild
+from tests.doubles.hardware.sysfs import build_tree, hgx_server
+from tests.doubles.network_operator.operator import DoubleNetworkOperator
+from tests.integration.test_lab_cluster import _built_kubectl
+from tests.support.addon_doubles import add_to_bundle
+from tests.support.reuse import PRODUCT, reuse_or_run
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+NAME = "nstack"
+SUBNET = "10.213.84.0/24"
+RELEASE = "k8s-1.34"
+HGX = f"{NAME}-w1"
+DOUBLE_ROOT = "/srv/gpuboot-double"
+FABRIC = [f"ens{i}f0np0" for i in range(1, 9)]
+NICS = [
+    {"name": "ib-fabric", "pf_names": FABRIC, "link_type": "ib", "mode": "both", "num_vfs": 4,
+     "resource_name": "nvidia.com/ib_vf", "shared_resource_name": "nvidia.com/ib_shared",
+     "network": {"name": "ib-fabric", "namespace": "training",
+                 "ip_pool": {"subnet": "192.168.128.0/24", "per_node_block_size": 16}}},
+    {"name": "mgmt", "pf_names": ["eno1np0", "eno2np0"], "purpose": "management"},
+]
+# Lab-only role inputs: discovery reads the double tree, whose bond0 carries the node's address.
+HGX_VARS = {"preflight_sys_root": f"{DOUBLE_ROOT}/sys", "preflight_proc_root": f"{DOUBLE_ROOT}/proc",
+            "preflight_address_interface": "bond0"}
+
+
+@pytest.fixture
+def unchanged(request):
+    """Not run again while nothing it can depend on changed since it passed on this machine."""
+    yield from reuse_or_run(request, (*PRODUCT, "tests/integration/test_lab_network_stack.py"))
+
+
+@pytest.fixture
+def net_cluster(lab, tmp_path, monkeypatch, capsys):
+    version = matrix.load(RELEASE).kubernetes.version
+    kubectl = _built_kubectl(version)
+    helm = HelmBuild(log=lambda m: None).build()
+    monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
+    bundle = tmp_path / "bundle"
+    assert run(["lab", "kubernetes", "bundle", "--version", version, "--out", str(bundle)]) == 0
+    capsys.readouterr()
+    node_lab = Lab(tmp_path / "state" / "_lab" / NAME, log=lambda msg: None)
+    node_lab.down(NAME)
+    inventory = tmp_path / "lab" / "inventory.yml"
+    operator = None
+    try:
+        state = node_lab.up(LabSpec(name=NAME, control_planes=1, workers=2, gpu_workers=0, subnet=SUBNET,
+                                    flavour="kubernetes", release=RELEASE), inventory)
+        data = yaml.safe_load(inventory.read_text())
+        data["all"]["vars"]["gpuboot"]["tools"] = {"helm": str(helm)}
+        # A broken component must be reported within the test's patience, not the product's 15 min.
+        data["all"]["vars"]["network_operator_ready_timeout"] = 180
+        inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+        # The HGX-like worker's hardware, on the node for preflight and here for the double operator.
+        kernel = platform.release()
+        tree = tmp_path / "hgx"
+        sys_root, _ = build_tree(hgx_server(gpus=0, nvswitches=0, connectx=8, link="ib", management=2, bond=True), tree)
+        copied = subprocess.run(["podman", "cp", str(tree), f"gpuboot-{HGX}:{DOUBLE_ROOT}"], capture_output=True, text=True)
+        assert copied.returncode == 0, copied.stderr
+        host_vars = inventory.parent / "host_vars"
+        host_vars.mkdir()
+        write_hgx(inventory, NICS)
+        images = add_to_bundle(bundle, inventory, helm, components=("network_operator", "validate"))
+        state = node_lab.start_mirror(bundle)
+        kubeconfig = tmp_path / "state" / NAME / "admin.conf"
+        operator = DoubleNetworkOperator(kubectl, kubeconfig, {
+            HGX: {"sys_root": sys_root, "os_tag": "debian12", "kernel": kernel, "arch": "amd64"}}).start()
+        yield {"lab": node_lab, "state": state, "inventory": inventory, "kubectl": kubectl, "kubeconfig": kubeconfig,
+               "images": images, "operator": operator, "mirror": yaml.safe_load(inventory.read_text())
+               ["all"]["vars"]["gpuboot"]["mirror"]["registry"]}
+    finally:
+        if operator:
+            operator.stop()
+        node_lab.down(NAME)
+
+
+def write_hgx(inventory, nics) -> None:
+    (inventory.parent / "host_vars" / f"{HGX}.yml").write_text(yaml.safe_dump(
+        {"gpuboot_node": {"os": "debian-12", "nics": nics}, **HGX_VARS}))
+
+
+def kubectl(info, *args: str) -> str:
+    proc = subprocess.run([str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "--request-timeout=10s", *args],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def said(capsys) -> str:
+    captured = capsys.readouterr()
+    return (captured.out + captured.err)[-6000:]
+
+
+def test_network_operator_from_the_mirror_and_the_hgx_node_advertises_what_the_inventory_asks(unchanged, net_cluster,
+                                                                                             capsys):
+    info = net_cluster
+    inventory = str(info["inventory"])
+    # A group selected by vendor:device that the management ports share: preflight reads the
+    # node's ports and refuses before anything is applied (the cluster is not even built).
+    write_hgx(info["inventory"], NICS + [{"name": "roce", "device_ids": ["15b3:101d"], "resource_name": "rdma/roce"}])
+    assert run(["up", inventory, "--to", "validate", "--skip-mirror-check"]) != 0
+    refused = said(capsys)
+    assert "NIC group roce's RDMA shared device plugin would take port eno1np0" in refused, refused
+    assert "carries this node's own address (through bond0)" in refused, refused
+    assert not info["kubeconfig"].exists()
+
+    write_hgx(info["inventory"], NICS)
+    assert run(["up", inventory, "--to", "validate", "--skip-mirror-check"]) == 0, said(capsys)
+    capsys.readouterr()
+
+    # The gate's report: the HGX node's resources, the policy, the VFs made, the network attached.
+    report = json.loads((info["kubeconfig"].parent / "validate.json").read_text())
+    assert report["short"] == 0, report
+    rows = {(r["node"], r["check"]): r for r in report["rows"]}
+    assert rows[(HGX, "fabric allocatable")]["got"] == "nvidia.com/ib_shared=63, nvidia.com/ib_vf=32"
+    assert rows[(HGX, "VFs made")]["ok"] and rows[("-", "NicClusterPolicy")]["ok"]
+    assert rows[(HGX, "attach training/ib-fabric")]["got"].startswith("192.168.128.")
+
+    nodes = {n["metadata"]["name"]: n for n in json.loads(kubectl(info, "get", "nodes", "-o", "json"))["items"]}
+    assert nodes[HGX]["status"]["allocatable"]["nvidia.com/ib_vf"] == "32"
+    assert nodes[HGX]["metadata"]["labels"]["nic.gpuboot.io/ib-fabric"] == "true"
+    plain = nodes[f"{NAME}-w2"]
+    assert not any(k.startswith("nvidia.com/") for k in plain["status"]["allocatable"])
+    assert "nic.gpuboot.io/fabric-node" not in plain["metadata"]["labels"]
+
+    # The objects gpuboot applied, accepted by the API server against the CRDs.
+    policy = json.loads(kubectl(info, "get", "nicclusterpolicies.mellanox.com", "nic-cluster-policy", "-o", "json"))
+    assert policy["status"]["state"] == "ready"
+    driver = policy["spec"]["ofedDriver"]
+    assert driver["repository"] == f"{info['mirror']}/nvcr.io/nvidia/mellanox"
+    shared = json.loads(policy["spec"]["rdmaSharedDevicePlugin"]["config"])["configList"]
+    assert shared[0]["selectors"] == {"vendors": ["15b3"], "ifNames": FABRIC, "linkTypes": ["infiniband"]}
+    sriov = json.loads(kubectl(info, "get", "sriovnetworknodepolicies.sriovnetwork.openshift.io", "-n",
+                               "nvidia-network-operator", "-o", "json"))["items"]
+    assert [(p["metadata"]["name"], p["spec"]["numVfs"], p["spec"]["nicSelector"]["pfNames"]) for p in sriov] == [
+        ("gpuboot-ib-fabric", 4, FABRIC)]
+    pool = json.loads(kubectl(info, "get", "sriovnetworkpoolconfigs.sriovnetwork.openshift.io", "gpuboot-fabric", "-n",
+                              "nvidia-network-operator", "-o", "json"))
+    assert pool["spec"]["maxUnavailable"] == 1
+    network = json.loads(kubectl(info, "get", "sriovibnetworks.sriovnetwork.openshift.io", "ib-fabric", "-n",
+                                 "nvidia-network-operator", "-o", "json"))
+    assert network["spec"]["networkNamespace"] == "training"
+    # No Helm release: the objects were applied by gpuboot, as Argo CD will declare them.
+    assert "helm.sh/release.v1" not in kubectl(info, "get", "secrets", "-n", "nvidia-network-operator", "-o", "yaml")
+
+    # Every pod of the operator's namespace runs an image the mirror plan listed, pulled
+    # through the mirror by containerd: the DOCA driver by the mirror's name, the rest by theirs.
+    pods = json.loads(kubectl(info, "get", "pods", "-n", "nvidia-network-operator", "-o", "json"))["items"]
+    seen = set()
+    for pod in pods:
+        assert all(c["ready"] for c in pod["status"].get("containerStatuses", [])), pod["metadata"]["name"]
+        for container in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
+            image = container["image"].removeprefix(info["mirror"] + "/")
+            assert image in info["images"], image
+            seen.add(image.split(":")[0].rsplit("/", 1)[1])
+    assert {"network-operator", "sriov-network-operator", "doca-driver", "k8s-rdma-shared-dev-plugin", "multus-cni",
+            "nvidia-k8s-ipam"} <= seen, seen
+
+    # A second run changes nothing; a deleted policy is put back.
+    assert run(["up", inventory, "--from", "network_operator", "--to", "network_operator", "--force",
+                "--skip-mirror-check"]) == 0, said(capsys)
+    record = json.loads((info["kubeconfig"].parent / "state.json").read_text())["phases"]
+    assert record["network_operator"]["changed"] == 0
+    kubectl(info, "-n", "nvidia-network-operator", "delete", "sriovnetworknodepolicies.sriovnetwork.openshift.io",
+            "gpuboot-ib-fabric")
+    assert run(["up", inventory, "--from", "network_operator", "--to", "network_operator", "--force",
+                "--skip-mirror-check"]) == 0, said(capsys)
+    kubectl(info, "-n", "nvidia-network-operator", "get", "sriovnetworknodepolicies.sriovnetwork.openshift.io",
+            "gpuboot-ib-fabric")
