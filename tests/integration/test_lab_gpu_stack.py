@@ -12,20 +12,17 @@ strategy); their GPU settings live in host_vars/ beside the inventory, as operat
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import pytest
 import yaml
 
-from gpuboot import matrix
 from gpuboot.cli.main import run
-from gpuboot_lab.cluster import Lab, LabSpec
-from gpuboot_lab.helm import HelmBuild
+from gpuboot_lab.cluster import LabSpec
 from tests.doubles.gpu_operator.operator import FAULT_DIR, DoubleGpuOperator, Hardware
 from tests.integration.conftest import ssh
-from tests.integration.test_lab_cluster import _built_kubectl
 from tests.support.addon_doubles import add_to_bundle
+from tests.support.addon_lab import addon_lab, kubectl, said
 from tests.support.reuse import PRODUCT, reuse_or_run
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -52,54 +49,23 @@ def unchanged(request):
 
 @pytest.fixture
 def gpu_cluster(lab, tmp_path, monkeypatch, capsys):
-    version = matrix.load(RELEASE).kubernetes.version
-    kubectl = _built_kubectl(version)
-    helm = HelmBuild(log=lambda m: None).build()
-    monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
-    bundle = tmp_path / "bundle"
-    assert run(["lab", "kubernetes", "bundle", "--version", version, "--out", str(bundle)]) == 0
-    capsys.readouterr()
-    node_lab = Lab(tmp_path / "state" / "_lab" / NAME, log=lambda msg: None)
-    node_lab.down(NAME)
-    inventory = tmp_path / "lab" / "inventory.yml"
-    operator = None
-    try:
-        state = node_lab.up(LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=2, subnet=SUBNET,
-                                    flavour="kubernetes", release=RELEASE), inventory)
-        data = yaml.safe_load(inventory.read_text())
-        settings = data["all"]["vars"]["gpuboot"]
-        settings["gpu_operator"] = {"mig_strategy": "mixed"}
-        settings["tools"] = {"helm": str(helm)}
+    spec = LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=2, subnet=SUBNET, flavour="kubernetes",
+                   release=RELEASE)
+    with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:
+        data = node_lab.settings()
+        data["all"]["vars"]["gpuboot"]["gpu_operator"] = {"mig_strategy": "mixed"}
         # A broken operand must be reported within the test's patience, not the product's 15 min.
         data["all"]["vars"]["gpu_operator_ready_timeout"] = 40
-        inventory.write_text(yaml.safe_dump(data, sort_keys=False))
-        host_vars = inventory.parent / "host_vars"
+        node_lab.write(data)
+        host_vars = node_lab.inventory.parent / "host_vars"
         host_vars.mkdir()
         for name, (node, _) in GPU_NODES.items():
             (host_vars / f"{name}.yml").write_text(yaml.safe_dump({"gpuboot_node": node}))
-        images = add_to_bundle(bundle, inventory, helm)
-        state = node_lab.start_mirror(bundle)
-        kubeconfig = tmp_path / "state" / NAME / "admin.conf"
-        operator = DoubleGpuOperator(kubectl, kubeconfig, {n: hw for n, (_, hw) in GPU_NODES.items()}).start()
-        yield {"lab": node_lab, "state": state, "inventory": inventory, "kubectl": kubectl, "kubeconfig": kubeconfig,
-               "images": images, "operator": operator, "mirror": yaml.safe_load(inventory.read_text())
-               ["all"]["vars"]["gpuboot"]["mirror"]["registry"]}
-    finally:
-        if operator:
-            operator.stop()
-        node_lab.down(NAME)
-
-
-def kubectl(info, *args: str) -> str:
-    proc = subprocess.run([str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "--request-timeout=10s", *args],
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def said(capsys) -> str:
-    captured = capsys.readouterr()
-    return (captured.out + captured.err)[-6000:]
+        images = add_to_bundle(node_lab.bundle, node_lab.inventory, node_lab.helm)
+        mirror = node_lab.start_mirror()
+        with DoubleGpuOperator(node_lab.kubectl, node_lab.kubeconfig,
+                               {n: hw for n, (_, hw) in GPU_NODES.items()}) as operator:
+            yield node_lab.info(images=images, operator=operator, mirror=mirror)
 
 
 def changes(info) -> dict[str, int]:

@@ -20,14 +20,12 @@ import subprocess
 import pytest
 import yaml
 
-from gpuboot import matrix
 from gpuboot.cli.main import run
-from gpuboot_lab.cluster import Lab, LabSpec
-from gpuboot_lab.helm import HelmBuild
+from gpuboot_lab.cluster import LabSpec
 from tests.doubles.hardware.sysfs import build_tree, hgx_server
 from tests.doubles.network_operator.operator import DoubleNetworkOperator
-from tests.integration.test_lab_cluster import _built_kubectl
 from tests.support.addon_doubles import add_to_bundle
+from tests.support.addon_lab import addon_lab, kubectl, said
 from tests.support.reuse import PRODUCT, reuse_or_run
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -58,63 +56,30 @@ def unchanged(request):
 
 @pytest.fixture
 def net_cluster(lab, tmp_path, monkeypatch, capsys):
-    version = matrix.load(RELEASE).kubernetes.version
-    kubectl = _built_kubectl(version)
-    helm = HelmBuild(log=lambda m: None).build()
-    monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
-    bundle = tmp_path / "bundle"
-    assert run(["lab", "kubernetes", "bundle", "--version", version, "--out", str(bundle)]) == 0
-    capsys.readouterr()
-    node_lab = Lab(tmp_path / "state" / "_lab" / NAME, log=lambda msg: None)
-    node_lab.down(NAME)
-    inventory = tmp_path / "lab" / "inventory.yml"
-    operator = None
-    try:
-        state = node_lab.up(LabSpec(name=NAME, control_planes=1, workers=2, gpu_workers=0, subnet=SUBNET,
-                                    flavour="kubernetes", release=RELEASE), inventory)
-        data = yaml.safe_load(inventory.read_text())
-        data["all"]["vars"]["gpuboot"]["tools"] = {"helm": str(helm)}
+    spec = LabSpec(name=NAME, control_planes=1, workers=2, gpu_workers=0, subnet=SUBNET, flavour="kubernetes",
+                   release=RELEASE)
+    with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:
+        data = node_lab.settings()
         # A broken component must be reported within the test's patience, not the product's 15 min.
         data["all"]["vars"]["network_operator_ready_timeout"] = 180
-        inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+        node_lab.write(data)
         # The HGX-like worker's hardware, on the node for preflight and here for the double operator.
-        kernel = platform.release()
         tree = tmp_path / "hgx"
         sys_root, _ = build_tree(hgx_server(gpus=0, nvswitches=0, connectx=8, link="ib", management=2, bond=True), tree)
         copied = subprocess.run(["podman", "cp", str(tree), f"gpuboot-{HGX}:{DOUBLE_ROOT}"], capture_output=True, text=True)
         assert copied.returncode == 0, copied.stderr
-        host_vars = inventory.parent / "host_vars"
-        host_vars.mkdir()
-        write_hgx(inventory, NICS)
-        images = add_to_bundle(bundle, inventory, helm, components=("network_operator", "validate"))
-        state = node_lab.start_mirror(bundle)
-        kubeconfig = tmp_path / "state" / NAME / "admin.conf"
-        operator = DoubleNetworkOperator(kubectl, kubeconfig, {
-            HGX: {"sys_root": sys_root, "os_tag": "debian12", "kernel": kernel, "arch": "amd64"}}).start()
-        yield {"lab": node_lab, "state": state, "inventory": inventory, "kubectl": kubectl, "kubeconfig": kubeconfig,
-               "images": images, "operator": operator, "mirror": yaml.safe_load(inventory.read_text())
-               ["all"]["vars"]["gpuboot"]["mirror"]["registry"]}
-    finally:
-        if operator:
-            operator.stop()
-        node_lab.down(NAME)
+        (node_lab.inventory.parent / "host_vars").mkdir()
+        write_hgx(node_lab.inventory, NICS)
+        images = add_to_bundle(node_lab.bundle, node_lab.inventory, node_lab.helm, components=("network_operator", "validate"))
+        mirror = node_lab.start_mirror()
+        hardware = {HGX: {"sys_root": sys_root, "os_tag": "debian12", "kernel": platform.release(), "arch": "amd64"}}
+        with DoubleNetworkOperator(node_lab.kubectl, node_lab.kubeconfig, hardware) as operator:
+            yield node_lab.info(images=images, operator=operator, mirror=mirror)
 
 
 def write_hgx(inventory, nics) -> None:
     (inventory.parent / "host_vars" / f"{HGX}.yml").write_text(yaml.safe_dump(
         {"gpuboot_node": {"os": "debian-12", "nics": nics}, **HGX_VARS}))
-
-
-def kubectl(info, *args: str) -> str:
-    proc = subprocess.run([str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "--request-timeout=10s", *args],
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def said(capsys) -> str:
-    captured = capsys.readouterr()
-    return (captured.out + captured.err)[-6000:]
 
 
 def test_network_operator_from_the_mirror_and_the_hgx_node_advertises_what_the_inventory_asks(unchanged, net_cluster,

@@ -198,11 +198,12 @@ UP: tuple[Phase, ...] = (
     Phase("workers_join", "Worker joins", "workers_join.yml", KUBELET, pulls=("kubernetes",)),
     Phase("cni", "Pod network (Calico, or bridge)", "cni.yml", _cni_result, pulls=("calico",)),
     # What gpuboot applies lives on the first control plane; the objects live in the cluster.
-    Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml",
-          Result(files=("/etc/gpuboot/addons/gpu-operator/*.yaml",)), pulls=("gpu_operator",), idle_when=_no_gpus),
+    # The NIC driver (DOCA) is ready before the GPU driver loads: NVIDIA's order for GPUDirect.
     Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml",
           Result(files=("/etc/gpuboot/addons/network-operator/*.yaml",)), pulls=("network_operator",),
           idle_when=_no_nics),
+    Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml",
+          Result(files=("/etc/gpuboot/addons/gpu-operator/*.yaml",)), pulls=("gpu_operator",), idle_when=_no_gpus),
     # The gate: it only reads (its smoke pods are deleted), so it runs whenever `up` reaches it.
     Phase("validate", "Cluster validation", "validate.yml", pulls=("validate",), gate=True),
     Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", pulls=("argocd",),

@@ -20,12 +20,12 @@ file's text, as a broken operand would."""
 from __future__ import annotations
 
 import json
-import subprocess
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from tests.doubles.controller import DoubleController
 
 FAULT_DIR = "/etc/gpuboot-double"
 # ClusterPolicy section -> the DaemonSet the real operator names for it.
@@ -51,30 +51,13 @@ class Hardware:
     kernel: str = "5.15.0-1048-nvidia"
 
 
-class DoubleGpuOperator:
+class DoubleGpuOperator(DoubleController):
+    name = "gpu-operator-double"
+
     def __init__(self, kubectl: Path, kubeconfig: Path, hardware: dict[str, Hardware],
                  namespace: str = "gpu-operator") -> None:
-        self.kubectl, self.kubeconfig, self.hardware, self.namespace = kubectl, kubeconfig, hardware, namespace
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.errors: list[str] = []
-
-    # -- the API server, through the real kubectl --------------------------------
-    def _run(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([str(self.kubectl), "--kubeconfig", str(self.kubeconfig), "--request-timeout=10s", *args],
-                              input=stdin, capture_output=True, text=True, timeout=30)
-        if check and proc.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args[:3])}: {proc.stderr.strip()}")
-        return proc
-
-    def _get(self, *args: str) -> dict | None:
-        proc = self._run("get", *args, "-o", "json", check=False)
-        return json.loads(proc.stdout) if proc.returncode == 0 else None
-
-    def _apply(self, objects: list[dict]) -> None:
-        body = "\n---\n".join(yaml.safe_dump(o) for o in objects)
-        self._run("apply", "--server-side", "--field-manager=gpu-operator-double", "--force-conflicts", "-f", "-",
-                  stdin=body)
+        super().__init__(kubectl, kubeconfig)
+        self.hardware, self.namespace = hardware, namespace
 
     # -- what the operator computes ----------------------------------------------
     def _config_map(self, name: str | None) -> dict:
@@ -193,22 +176,3 @@ class DoubleGpuOperator:
             self._run("patch", "clusterpolicies.nvidia.com", "cluster-policy", "--subresource=status", "--type=merge",
                       "-p", json.dumps({"status": {"state": state, "namespace": self.namespace}}))
         return state
-
-    # -- as a controller -----------------------------------------------------------
-    def start(self, period: float = 2.0) -> DoubleGpuOperator:
-        def loop() -> None:
-            while not self._stop.is_set():
-                try:
-                    self.reconcile()
-                except Exception as exc:  # noqa: BLE001 - a controller retries; the test reads .errors
-                    self.errors.append(str(exc))
-                self._stop.wait(period)
-
-        self._thread = threading.Thread(target=loop, name="double-gpu-operator", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=30)

@@ -20,11 +20,9 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import json
-import subprocess
-import threading
 from pathlib import Path
 
-import yaml
+from tests.doubles.controller import DoubleController
 
 MODULE = Path(__file__).resolve().parents[3] / "roles" / "preflight" / "library" / "gpuboot_hardware_facts.py"
 _spec = importlib.util.spec_from_file_location("gpuboot_hardware_facts_double", MODULE)
@@ -37,36 +35,18 @@ NETWORKS = (("sriovnetworks.sriovnetwork.openshift.io", True), ("sriovibnetworks
 LINK = {"eth": "ether", "ib": "infiniband"}
 
 
-class DoubleNetworkOperator:
+class DoubleNetworkOperator(DoubleController):
+    name = "network-operator-double"
+
     def __init__(self, kubectl: Path, kubeconfig: Path, hardware: dict[str, dict], resource_prefix: str = "nvidia.com"
                  ) -> None:
         """`hardware`: node -> {sys_root: a double tree built from the node's facts, os_tag, kernel, arch}."""
-        self.kubectl, self.kubeconfig, self.hardware = kubectl, kubeconfig, hardware
-        self.resource_prefix = resource_prefix
+        super().__init__(kubectl, kubeconfig)
+        self.hardware, self.resource_prefix = hardware, resource_prefix
         self.ports = {node: hw.net_ports(str(facts["sys_root"])) for node, facts in hardware.items()}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.errors: list[str] = []
-
-    # -- the API server, through the real kubectl --------------------------------
-    def _run(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([str(self.kubectl), "--kubeconfig", str(self.kubeconfig), "--request-timeout=10s", *args],
-                              input=stdin, capture_output=True, text=True, timeout=30)
-        if check and proc.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args[:3])}: {proc.stderr.strip()}")
-        return proc
-
-    def _get(self, *args: str) -> dict | None:
-        proc = self._run("get", *args, "-o", "json", check=False)
-        return json.loads(proc.stdout) if proc.returncode == 0 else None
 
     def _items(self, *args: str) -> list[dict]:
         return (self._get(*args) or {"items": []})["items"]
-
-    def _apply(self, objects: list[dict]) -> None:
-        if objects:
-            self._run("apply", "--server-side", "--field-manager=network-operator-double", "--force-conflicts",
-                      "-f", "-", stdin="\n---\n".join(yaml.safe_dump(o) for o in objects))
 
     def _status(self, *target: str, body: dict) -> None:
         self._run("patch", *target, "--subresource=status", "--type=merge", "-p", json.dumps({"status": body}))
@@ -198,22 +178,3 @@ class DoubleNetworkOperator:
             status = json.dumps([{"name": wanted, "interface": "net1", "ips": [address]}])
             self._run("annotate", "pod", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"],
                       f"k8s.v1.cni.cncf.io/network-status={status}")
-
-    # -- as a controller -----------------------------------------------------------
-    def start(self, period: float = 2.0) -> DoubleNetworkOperator:
-        def loop() -> None:
-            while not self._stop.is_set():
-                try:
-                    self.reconcile()
-                except Exception as exc:  # noqa: BLE001 - a controller retries; the test reads .errors
-                    self.errors.append(str(exc))
-                self._stop.wait(period)
-
-        self._thread = threading.Thread(target=loop, name="double-network-operator", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=30)
