@@ -103,8 +103,7 @@ def _network_operator_wait(api, tmp_path):
             "metadata": {"name": node, "namespace": "nvidia-network-operator"}, "spec": {}}))
     plan = {"sriov": True, "node_labels": {"hgx01": {}, "hgx02": {}}}
     variables = {"network_operator_kubeconfig": str(api.kubeconfig), "network_operator_ready_timeout": 5,
-                 "network_operator_plan": plan, "network_operator_release": {}, "network_operator_images": {},
-                 "network_operator_gpu_kernel_module_type": "open"}
+                 "network_operator_plan": plan, "network_operator_release": {}, "network_operator_images": {}}
     status(api, "nicclusterpolicies.mellanox.com", "nic-cluster-policy", {"state": "notReady"})
     short = wait(api, tmp_path, "network_operator", variables)
     assert short.returncode != 0 and "NicClusterPolicy notReady" in short.stdout, short.stdout[-3000:]
