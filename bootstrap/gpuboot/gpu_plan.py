@@ -88,6 +88,18 @@ class GpuPlan:
     mig_configs: dict[str, list[dict]] = field(default_factory=dict)
     misfits: list[Misfit] = field(default_factory=list)
 
+    def offered(self) -> dict[str, int] | None:
+        """The GPU resources all GPU workers advertise together, by resource name; None when a
+        GPU worker does not declare its count."""
+        total: dict[str, int] = {}
+        for node in self.nodes.values():
+            found = node.resources(self.strategy)
+            if found is None:
+                return None
+            for name, count in found.items():
+                total[name] = total.get(name, 0) + count
+        return total
+
     @property
     def driver_kinds(self) -> list[str]:
         return sorted({n.driver for n in self.nodes.values() if n.driver != "preinstalled"})

@@ -296,32 +296,25 @@ def kernel_version(kernel: str) -> tuple[int, int, int] | None:
     return int(match.group(1)), int(match.group(2)), int(match.group(4) or 0)
 
 
-def declared_gpus(nodes: list[Node]) -> int | None:
-    """What the inventory's GPU workers offer as nvidia.com/gpu (time-slicing multiplies it);
-    None when a GPU worker does not say how many GPUs it has."""
-    total = 0
-    for node in nodes:
-        if "gpu_workers" not in node.groups:
-            continue
-        gpu = node.settings.gpu
-        if gpu is None or gpu.count is None:
-            return None
-        total += gpu.count * (gpu.time_slicing_replicas or 1)
-    return total
+GPU = "nvidia.com/gpu"
 
 
-def tenants(settings: GpubootSettings, nodes: list[Node], where: Where) -> list[Problem]:
+def tenants(settings: GpubootSettings, offered: dict[str, int] | None, where: Where) -> list[Problem]:
+    """The tenants' quotas fit what the GPU workers offer (`offered`, from the GPU plan: time-slicing
+    replicas and MIG devices counted as the device plugin advertises them; None when a GPU worker
+    does not declare its count, and then only what can be known is checked)."""
     problems: list[Problem] = []
     asked = sum(t.quota.gpu for t in settings.tenants)
-    offered = declared_gpus(nodes)
-    if settings.tenants and offered is not None and asked > offered:
+    if settings.tenants and offered is not None and asked > offered.get(GPU, 0):
         index = max(range(len(settings.tenants)), key=lambda i: settings.tenants[i].quota.gpu)
         shares = ", ".join(f"{t.name} {t.quota.gpu}" for t in settings.tenants if t.quota.gpu)
         problems.append(Problem(where.file, where.child("tenants", index, "quota", "gpu").line,
                                 f"gpuboot.tenants[{index}].quota.gpu",
                                 f"the tenants' GPU quotas add up to {asked} ({shares}), but the GPU workers "
-                                f"declare {offered} (gpu.count x time_slicing_replicas)",
+                                f"offer {offered.get(GPU, 0)} {GPU} (gpu.count x time_slicing_replicas, "
+                                "less the GPUs their MIG layouts partition)",
                                 "lower the quotas or declare the GPUs the nodes really have"))
+    problems += _mig_quotas(settings, offered, where)
     seen: dict[str, int] = {}
     for index, tenant in enumerate(settings.tenants):
         if tenant.name in seen:
@@ -329,4 +322,35 @@ def tenants(settings: GpubootSettings, nodes: list[Node], where: Where) -> list[
                                     f"tenant {tenant.name} is defined twice (also tenants[{seen[tenant.name]}])",
                                     "merge them or rename one"))
         seen.setdefault(tenant.name, index)
+    return problems
+
+
+def _mig_quotas(settings: GpubootSettings, offered: dict[str, int] | None, where: Where) -> list[Problem]:
+    problems: list[Problem] = []
+    asked: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for index, tenant in enumerate(settings.tenants):
+        for profile, count in tenant.quota.mig.items():
+            asked[profile].append((index, count))
+    for profile, shares in sorted(asked.items()):
+        index = max(shares, key=lambda share: share[1])[0]
+        place = (f"gpuboot.tenants[{index}].quota.mig.{profile}",
+                 where.child("tenants", index, "quota", "mig", profile).line)
+        if settings.gpu_operator.mig_strategy == "single":
+            problems.append(Problem(where.file, place[1], place[0],
+                                    f"a quota on nvidia.com/mig-{profile}, but with mig_strategy single every MIG "
+                                    f"device is advertised as {GPU}",
+                                    "count MIG devices in quota.gpu, or set gpuboot.gpu_operator.mig_strategy: mixed"))
+            continue
+        if offered is None:
+            continue
+        have = offered.get(f"nvidia.com/mig-{profile}", 0)
+        total = sum(count for _, count in shares)
+        if total > have:
+            names = ", ".join(f"{settings.tenants[i].name} {count}" for i, count in shares)
+            mig = sorted(name.removeprefix("nvidia.com/mig-") for name in offered if name.startswith("nvidia.com/mig-"))
+            problems.append(Problem(where.file, place[1], place[0],
+                                    f"the tenants' quotas on nvidia.com/mig-{profile} add up to {total} ({names}), "
+                                    f"but the GPU workers' MIG layouts make {have}",
+                                    "lower the quotas or change the layouts; the layouts make: "
+                                    + (", ".join(f"{p} {offered['nvidia.com/mig-' + p]}" for p in mig) or "no MIG devices")))
     return problems

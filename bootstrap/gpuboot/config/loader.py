@@ -134,6 +134,7 @@ def _validated(path: Path, check_files: bool, releases_dir: Path | None, *, loca
     problems += found
     problems += checks.groups_and_nodes(inv, nodes, settings)
     if settings is not None and where is not None:
+        offered = None
         try:
             release = matrix.load(settings.release, releases_dir)
         except MatrixError as exc:
@@ -141,11 +142,14 @@ def _validated(path: Path, check_files: bool, releases_dir: Path | None, *, loca
                                     f"{settings.release!r}: {exc.message}", exc.hint))
         else:
             problems += checks.node_os(settings, release, where)
-            problems += _misfits(inv, gpu_plan.resolve(settings, release, nodes).misfits)
+            plan = gpu_plan.resolve(settings, release, nodes)
+            problems += _misfits(inv, plan.misfits)
+            # A layout with a problem of its own would make the quotas' check say more of the same.
+            offered = None if plan.misfits else plan.offered()
         problems += _misfits(inv, nic_plan.resolve(settings, nodes).misfits)
         problems += checks.addresses(settings, nodes, where)
         problems += checks.references(settings, nodes, where, inv.path, check_files=check_files)
-        problems += checks.tenants(settings, nodes, where)
+        problems += checks.tenants(settings, offered, where)
     if problems:
         raise InventoryError(problems)
     assert settings is not None

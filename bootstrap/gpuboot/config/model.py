@@ -190,7 +190,8 @@ class Drivers(Strict):
     precompiled: bool = False
 
 
-MigInstances = dict[Annotated[str, Field(pattern=r"^[0-9]+g\.[0-9]+gb(\+me)?$")], Annotated[int, Field(ge=1, le=7)]]
+MigProfile = Annotated[str, Field(pattern=r"^[0-9]+g\.[0-9]+gb(\+me)?$")]
+MigInstances = dict[MigProfile, Annotated[int, Field(ge=1, le=7)]]
 
 
 class MigDevices(Strict):
@@ -240,16 +241,62 @@ class GitOps(Strict):
 
 
 class TenantQuota(Strict):
+    # nvidia.com/gpu the tenant's pods may request together (0: none). With time-slicing a
+    # quota counts replicas, not physical GPUs.
     gpu: int = Field(0, ge=0)
-    cpu: Quantity = "0"
-    memory: Quantity = "0"
+    # MIG devices by profile (mig_strategy mixed), e.g. {"1g.10gb": 14}; a profile the
+    # cluster offers and the tenant does not name: none.
+    mig: dict[MigProfile, Annotated[int, Field(ge=1)]] = {}
+    # Unset: not limited.
+    cpu: Quantity | None = None
+    memory: Quantity | None = None
+    pods: int | None = Field(None, ge=1)
+
+
+class TenantDefaults(Strict):
+    """What a container that asks for nothing requests (a LimitRange), so it counts against the quota."""
+
+    cpu: Quantity = "100m"
+    memory: Quantity = "256Mi"
+
+
+GroupName = Annotated[str, Field(pattern=GROUP_NAME)]
+# The cluster's priority tiers, highest first (P0-P3); a tenant names those its pods may use.
+PRIORITY_TIERS = ("serving", "training", "interactive", "batch")
+PriorityTier = Literal["serving", "training", "interactive", "batch"]
 
 
 class Tenant(Strict):
     name: DnsLabel
     quota: TenantQuota = TenantQuota()
-    groups: list[Annotated[str, Field(pattern=GROUP_NAME)]] = []
-    priority_class: DnsLabel | None = None
+    # Identity-provider groups: `groups` may edit the namespace's workloads, `admin_groups` may
+    # also grant access within it, `view_groups` may read it. None may change its quota,
+    # limits or network policies (Argo CD puts them back).
+    groups: list[GroupName] = []
+    admin_groups: list[GroupName] = []
+    view_groups: list[GroupName] = []
+    priority_classes: list[PriorityTier] = ["batch"]
+    # Pod Security Admission level enforced on the namespace (restricted is always warned).
+    pod_security: Literal["privileged", "baseline", "restricted"] = "baseline"
+    defaults: TenantDefaults = TenantDefaults()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        if isinstance(data, dict) and "priority_class" in data:
+            raise ValueError("priority_class was replaced by priority_classes, the cluster's tiers the tenant's "
+                             "pods may use; write priority_classes: a list of serving, training, interactive, batch "
+                             "(e.g. [training, batch])")
+        return data
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _some_tier(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("no tier named; name at least one of serving, training, interactive, batch")
+        if len(set(value)) != len(value):
+            raise ValueError("a tier is named twice; name each once")
+        return value
 
 
 class GpubootSettings(Strict):

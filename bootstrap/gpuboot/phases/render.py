@@ -104,19 +104,31 @@ def units(variables: PlaybookVariables, phase: Phase) -> Iterator[Unit]:
                 yield Unit(play, roles, host)
 
 
-def write_unit(variables: PlaybookVariables, unit: Unit, out: Path) -> list[Path]:
+def unit_files(variables: PlaybookVariables, unit: Unit) -> Iterator[tuple[str, RenderedFile]]:
+    """(role, file) for every file the unit's roles write on its host."""
     view = variables.host_view(unit.play, unit.host)
-    written = []
     for name, path, when in unit.roles:
-        if not view.holds(list(when)):
-            continue
-        for rendered in role_files(view, name, path):
-            target = out / rendered.host / rendered.dest.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(rendered.text)
-            os.chmod(target, int(rendered.mode, 8))
-            written.append(target)
+        if view.holds(list(when)):
+            for rendered in role_files(view, name, path):
+                yield name, rendered
+
+
+def write_unit(variables: PlaybookVariables, unit: Unit, out: Path) -> list[Path]:
+    written = []
+    for _, rendered in unit_files(variables, unit):
+        target = out / rendered.host / rendered.dest.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(rendered.text)
+        os.chmod(target, int(rendered.mode, 8))
+        written.append(target)
     return written
+
+
+def phase_files(cluster: Cluster, phase: str) -> Iterator[tuple[str, RenderedFile]]:
+    """(role, file) for every file one phase writes, rendered in this process."""
+    variables = PlaybookVariables(cluster.inventory_manager, cluster.extravars())
+    for unit in units(variables, by_name(UP)[phase]):
+        yield from unit_files(variables, unit)
 
 
 # Set before the worker processes fork, so each inherits the loaded plays and variables.

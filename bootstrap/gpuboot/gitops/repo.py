@@ -1,0 +1,240 @@
+"""`gpuboot gitops render`: the Git repository Argo CD takes the cluster over from.
+
+Under gpuboot.gitops.path (one directory per cluster):
+
+    argocd/                      what the root Application syncs: the AppProjects and Applications
+      root.yaml                  the root Application itself (app of apps; it manages itself)
+      projects/                  platform, and one AppProject per tenant
+      applications/              one Application per add-on, per tenant, and the priority tiers
+    addons/<addon>/values.yaml   the chart's values, exactly what `gpuboot up` rendered it with
+    addons/<addon>/base/         the objects gpuboot applied beside the chart
+    addons/<addon>/overlays/<cluster>/   the cluster's patches (none at handoff)
+    tenants/priority-classes/    the tiers tenants name
+    tenants/<tenant>/            one bundle per tenant
+
+The add-ons' files come from the same role templates and inputs as `gpuboot up` (the render
+engine), and each chart is rendered by Argo CD with the same values, release name and
+namespace as gpuboot's `helm template`, so adoption finds nothing to change. Kept out of Git:
+the mirror's login (a Secret; the handoff phase gives Argo CD its own copy) and Node labels
+(Nodes belong to the kubelet; gpuboot keeps labelling its nodes)."""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gpuboot.config.model import Cluster, GitOps
+from gpuboot.errors import UsageError
+from gpuboot.gitops import tenants as tenancy
+from gpuboot.phases.render import phase_files
+
+ARGOCD_NAMESPACE = "argocd"
+IN_CLUSTER = "https://kubernetes.default.svc"
+PLATFORM_PROJECT = "platform"
+# Files of an add-on's directory that stay with gpuboot (see the module's docstring).
+KEPT_BY_GPUBOOT = frozenset({"values.yaml", "mirror-access.yaml", "node-labels.yaml"})
+# A tenant's own Applications may not touch what bounds it.
+TENANT_GUARDRAILS = (("", "ResourceQuota"), ("", "LimitRange"), ("networking.k8s.io", "NetworkPolicy"),
+                     ("rbac.authorization.k8s.io", "RoleBinding"), ("rbac.authorization.k8s.io", "Role"))
+
+
+@dataclass(frozen=True)
+class Addon:
+    """An add-on `gpuboot up` installs with playbooks/tasks/install_chart.yml."""
+
+    name: str      # its directory in the repository and its Application's suffix
+    phase: str     # the phase of `up` that installs it
+    role: str      # the role whose files it is
+    release: str   # chart_install_release in the phase's playbook
+    chart: str     # the release matrix's key
+
+
+ADDONS = (
+    Addon("calico", "cni", "calico", "tigera-operator", "calico"),
+    Addon("network-operator", "network_operator", "network_operator", "network-operator", "network_operator"),
+    Addon("gpu-operator", "gpu_operator", "gpu_operator", "gpu-operator", "gpu_operator"),
+)
+
+
+def dump(objects: list[dict]) -> str:
+    return "---\n".join(yaml.safe_dump(o, sort_keys=False, default_flow_style=False) for o in objects)
+
+
+class Repository:
+    """The files of the repository, by path relative to its root."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        if cluster.settings.gitops is None:
+            raise UsageError("gpuboot.gitops is not set: there is no repository to render for",
+                             hint="set gpuboot.gitops.repo_url (and branch, path) in the inventory")
+        self.cluster = cluster
+        self.gitops: GitOps = cluster.settings.gitops
+        self.root = Path(self.gitops.path)
+        self.extravars = cluster.extravars()
+        self.files: dict[Path, str] = {}
+        self.applications: list[dict] = []
+
+    # -- layout -------------------------------------------------------------------------
+    def add(self, relative: str | Path, text: str) -> None:
+        self.files[self.root / relative] = text
+
+    def add_kustomization(self, directory: str | Path, resources: list[str]) -> None:
+        self.add(Path(directory) / "kustomization.yaml", yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": resources}, sort_keys=False))
+
+    def render(self) -> dict[Path, str]:
+        for addon in ADDONS:
+            self.addon(addon)
+        self.tenants()
+        self.argocd()
+        return dict(sorted(self.files.items()))
+
+    # -- add-ons --------------------------------------------------------------------------
+    def addon(self, addon: Addon) -> None:
+        files = {Path(rendered.dest).name: rendered.text
+                 for role, rendered in phase_files(self.cluster, addon.phase) if role == addon.role}
+        if "values.yaml" not in files:
+            return  # not installed on this cluster
+        base = Path("addons") / addon.name / "base"
+        objects = sorted(name for name in files if name not in KEPT_BY_GPUBOOT)
+        for name in objects:
+            self.add(base / name, files[name])
+        self.add_kustomization(base, objects)
+        self.add_kustomization(Path("addons") / addon.name / "overlays" / self.cluster.settings.cluster_name,
+                               ["../../base"])
+        self.add(Path("addons") / addon.name / "values.yaml", files["values.yaml"])
+        namespace = next(doc["metadata"]["name"] for doc in yaml.safe_load_all(files["namespace.yaml"])
+                         if doc and doc.get("kind") == "Namespace")
+        self.applications.append(self.addon_application(addon, namespace))
+
+    def chart_source(self, addon: Addon) -> dict:
+        chart = self.extravars["gpuboot_release"][addon.chart]["chart"]
+        registry = self.cluster.settings.mirror.registry
+        # From the mirror: OCI charts/<name>:<version>, the repository `gpuboot mirror push` fills.
+        repo = f"{registry}/charts" if registry else chart["repository"]
+        return {"repoURL": repo, "chart": chart["name"], "targetRevision": str(chart["version"])}
+
+    def addon_application(self, addon: Addon, namespace: str) -> dict:
+        directory = self.root / "addons" / addon.name
+        source = self.chart_source(addon)
+        source["helm"] = {"releaseName": addon.release, "valueFiles": [f"$values/{directory}/values.yaml"]}
+        git = {"repoURL": self.gitops.repo_url, "targetRevision": self.gitops.branch}
+        return self.application(f"addon-{addon.name}", PLATFORM_PROJECT, namespace, sources=[
+            source,
+            {**git, "ref": "values"},
+            {**git, "path": str(directory / "overlays" / self.cluster.settings.cluster_name)},
+        # An object a newer chart drops is left, as `gpuboot up` leaves it: removing an
+        # operator's object is a person's decision.
+        ], prune=False)
+
+    # -- tenants ------------------------------------------------------------------------
+    def tenants(self) -> None:
+        settings = self.cluster.settings
+        if not settings.tenants:
+            return
+        gpu = self.extravars["gpuboot_gpu"]
+        offered = {name for node in gpu["nodes"].values() for name in (node.get("resources") or {})}
+        mig_profiles = sorted(name.removeprefix(tenancy.MIG_PREFIX) for name in offered
+                              if name.startswith(tenancy.MIG_PREFIX))
+        time_sliced = any(node.settings.gpu and node.settings.gpu.time_slicing_replicas
+                          for node in self.cluster.nodes)
+        minor = "v" + ".".join(self.extravars["gpuboot_release"]["kubernetes"]["version"].lstrip("v").split(".")[:2])
+        tiers = Path("tenants") / "priority-classes"
+        self.add(tiers / "priority-classes.yaml", dump(tenancy.priority_classes(settings.tenants)))
+        self.add_kustomization(tiers, ["priority-classes.yaml"])
+        self.applications.append(self.application("tenants-priority-classes", PLATFORM_PROJECT, None,
+                                                  path=str(self.root / tiers)))
+        for tenant in settings.tenants:
+            directory = Path("tenants") / tenant.name
+            files = tenancy.bundle(tenant, kubernetes_minor=minor, mig_profiles=mig_profiles, time_sliced=time_sliced)
+            for name, objects in files.items():
+                self.add(directory / name, dump(objects))
+            self.add_kustomization(directory, sorted(files))
+            self.applications.append(self.application(f"tenant-{tenant.name}", PLATFORM_PROJECT, tenant.name,
+                                                      path=str(self.root / directory)))
+
+    # -- Argo CD ------------------------------------------------------------------------
+    def application(self, name: str, project: str, namespace: str | None, *, path: str | None = None,
+                    sources: list[dict] | None = None, prune: bool = True) -> dict:
+        spec: dict = {"project": project}
+        if sources is not None:
+            spec["sources"] = sources
+        else:
+            spec["source"] = {"repoURL": self.gitops.repo_url, "targetRevision": self.gitops.branch, "path": path}
+        destination = {"server": IN_CLUSTER}
+        if namespace:
+            destination["namespace"] = namespace
+        spec["destination"] = destination
+        # Server-side apply: the field manager of day 1 was server-side too, and the operators'
+        # CRDs are too large for a client-side apply's annotation.
+        spec["syncPolicy"] = {"automated": {"prune": prune, "selfHeal": True},
+                              "syncOptions": ["ServerSideApply=true", "CreateNamespace=false"]}
+        return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+                "metadata": {"name": name, "namespace": ARGOCD_NAMESPACE,
+                             "labels": {"app.kubernetes.io/part-of": self.cluster.settings.cluster_name}},
+                "spec": spec}
+
+    def platform_project(self) -> dict:
+        repos = [self.gitops.repo_url] + sorted({a["spec"]["sources"][0]["repoURL"]
+                                                 for a in self.applications if "sources" in a["spec"]})
+        return {"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+                "metadata": {"name": PLATFORM_PROJECT, "namespace": ARGOCD_NAMESPACE},
+                "spec": {"description": "The cluster's add-ons and the tenants' bounds, owned by the platform team",
+                         "sourceRepos": repos,
+                         "destinations": [{"server": IN_CLUSTER, "namespace": "*"}],
+                         "clusterResourceWhitelist": [{"group": "*", "kind": "*"}]}}
+
+    def tenant_project(self, tenant) -> dict:
+        """Where a tenant's own Applications may deploy: its namespace, from the cluster's
+        repository, never a cluster-scoped object and never its own bounds."""
+        name = f"tenant-{tenant.name}"
+        groups = sorted(set(tenant.groups) | set(tenant.admin_groups))
+        spec = {"description": f"Tenant {tenant.name}: its namespace only",
+                "sourceRepos": [self.gitops.repo_url],
+                "destinations": [{"server": IN_CLUSTER, "namespace": tenant.name}],
+                "clusterResourceWhitelist": [],
+                "namespaceResourceBlacklist": [{"group": g, "kind": k} for g, k in TENANT_GUARDRAILS]}
+        if groups:
+            spec["roles"] = [{"name": "developers", "description": f"{tenant.name}'s groups",
+                              "groups": groups,
+                              "policies": [f"p, proj:{name}:developers, applications, *, {name}/*, allow"]}]
+        return {"apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject",
+                "metadata": {"name": name, "namespace": ARGOCD_NAMESPACE}, "spec": spec}
+
+    def argocd(self) -> None:
+        argocd = Path("argocd")
+        root = self.application(f"{self.cluster.settings.cluster_name}-root", PLATFORM_PROJECT, ARGOCD_NAMESPACE,
+                                path=str(self.root / argocd))
+        self.add(argocd / "root.yaml", dump([root]))
+        resources = ["root.yaml"]
+        projects = [self.platform_project()] + [self.tenant_project(t) for t in self.cluster.settings.tenants]
+        for project in projects:
+            relative = Path("projects") / f"{project['metadata']['name']}.yaml"
+            self.add(argocd / relative, dump([project]))
+            resources.append(str(relative))
+        for app in self.applications:
+            relative = Path("applications") / f"{app['metadata']['name']}.yaml"
+            self.add(argocd / relative, dump([app]))
+            resources.append(str(relative))
+        self.add_kustomization(argocd, resources)
+
+
+def render(cluster: Cluster) -> dict[Path, str]:
+    return Repository(cluster).render()
+
+
+def write(cluster: Cluster, out: Path) -> list[Path]:
+    """Write the repository under OUT (its root); gitops.path inside it is replaced whole, so
+    a file the inventory no longer makes does not linger."""
+    files = render(cluster)
+    target = out / cluster.settings.gitops.path
+    if target.exists():
+        shutil.rmtree(target)
+    for relative, text in files.items():
+        path = out / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return [out / relative for relative in files]
