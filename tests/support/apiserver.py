@@ -87,6 +87,7 @@ class ApiServer:
                 f"--service-account-key-file={pki}/sa.pub", f"--service-account-signing-key-file={pki}/sa.key",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 "--service-cluster-ip-range=10.96.0.0/12", "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",  # as kubeadm sets it: pod security decides per namespace
                 "--enable-admission-plugins=NamespaceLifecycle,ResourceQuota,LimitRanger,ServiceAccount",
                 f"--cert-dir={self.root / 'apiserver-certs'}",
             ], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -306,8 +306,8 @@ def sigterm_as_interrupt():
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code: the one place typed errors become codes."""
     import gpuboot.cli.day2  # noqa: F401  (registers `gpuboot upgrade`)
-    import gpuboot.cli.mirror  # noqa: F401  (registers `gpuboot mirror`)
     import gpuboot.cli.gitops  # noqa: F401  (registers `gpuboot gitops`)
+    import gpuboot.cli.mirror  # noqa: F401  (registers `gpuboot mirror`)
     _add_plugin_commands()
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = _wants_json(args)

@@ -1,0 +1,165 @@
+"""`gpuboot gitops render`: the repository Argo CD adopts the cluster from. Golden copies for the
+sample and a four-tenant fleet (tests/golden/gitops/<case>); the add-ons' objects and values
+are byte for byte what `gpuboot render` (and so `gpuboot up`) writes; each chart Application
+renders with the release name, namespace, chart and version of the phase's install; nothing
+gpuboot keeps (the mirror's login, Node labels) reaches the repository.
+GPUBOOT_UPDATE_GOLDEN=1 rewrites the golden copies after a reviewed change."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuboot.cli.main import run
+from gpuboot.config.loader import load_cluster
+from gpuboot.gitops.repo import ADDONS, KEPT_BY_GPUBOOT
+from tests.support.golden import matches_golden
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden" / "gitops"
+CASES = {
+    "sample": ROOT / "inventories" / "sample" / "inventory.yml",
+    "four-tenants": ROOT / "tests" / "fixtures" / "four-tenants" / "hosts.ini",
+    "mixed-fleet": ROOT / "tests" / "fixtures" / "mixed-fleet" / "hosts.ini",
+}
+FAKE_LOGIN = "gitops-test-fake-password-5d1c"
+
+
+def gitops_render(inventory: Path, out: Path) -> Path:
+    assert run(["gitops", "render", str(inventory), "--out", str(out)]) == 0
+    return out / load_cluster(inventory).settings.gitops.path
+
+
+def with_gitops(inventory: Path, tmp_path: Path) -> Path:
+    """A copy of an inventory directory with gpuboot.gitops set (mixed-fleet has none)."""
+    copy = tmp_path / "inventory"
+    shutil.copytree(inventory.parent, copy)
+    all_vars = copy / "group_vars" / "all.yml"
+    data = yaml.safe_load(all_vars.read_text())
+    data["gpuboot"]["gitops"] = {"repo_url": "https://git.example.internal/platform/fleet.git", "path": "fleet"}
+    all_vars.write_text(yaml.safe_dump(data))
+    return copy / inventory.name
+
+
+@pytest.mark.parametrize("case", ["sample", "four-tenants"])
+def test_repository_matches_golden(case: str, tmp_path: Path):
+    rendered = gitops_render(CASES[case], tmp_path / "repo")
+    matches_golden(rendered, GOLDEN / case)
+
+
+def _objects(text: str) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+@pytest.mark.parametrize("case", ["sample", "mixed-fleet"])
+def test_addons_are_what_up_applies(case: str, tmp_path: Path):
+    inventory = CASES[case] if case == "sample" else with_gitops(CASES[case], tmp_path)
+    repo = gitops_render(inventory, tmp_path / "repo")
+    assert run(["render", str(inventory), "--out", str(tmp_path / "render")]) == 0
+    cluster = load_cluster(inventory)
+    first = tmp_path / "render" / cluster.first_control_plane
+    playbooks = ROOT / "playbooks"
+    seen = 0
+    for addon in ADDONS:
+        applied = first / "etc" / "gpuboot" / "addons" / addon.name
+        base = repo / "addons" / addon.name / "base"
+        if not applied.is_dir():
+            assert not base.exists()
+            continue
+        seen += 1
+        wanted = {p.name for p in applied.iterdir()} - KEPT_BY_GPUBOOT
+        kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+        assert sorted(kustomization["resources"]) == sorted(wanted)
+        for name in wanted:
+            assert (base / name).read_text() == (applied / name).read_text(), f"{addon.name}/{name}"
+        assert (repo / "addons" / addon.name / "values.yaml").read_text() == (applied / "values.yaml").read_text()
+        # The Application renders the chart as the phase's `helm template` does.
+        app = yaml.safe_load((repo / "argocd" / "applications" / f"addon-{addon.name}.yaml").read_text())
+        chart, values, overlay = app["spec"]["sources"]
+        install = _install_chart_vars(playbooks / f"{addon.phase}.yml")
+        assert chart["helm"]["releaseName"] == install["chart_install_release"]
+        matrix_chart = cluster.extravars()["gpuboot_release"][addon.chart]["chart"]
+        assert (chart["chart"], chart["targetRevision"]) == (matrix_chart["name"], str(matrix_chart["version"]))
+        registry = cluster.settings.mirror.registry
+        assert chart["repoURL"] == (f"{registry}/charts" if registry else matrix_chart["repository"])
+        namespace = [o for o in _objects((applied / "namespace.yaml").read_text()) if o["kind"] == "Namespace"]
+        assert app["spec"]["destination"]["namespace"] == namespace[0]["metadata"]["name"]
+        assert chart["helm"]["valueFiles"] == [f"$values/{repo.relative_to(tmp_path / 'repo')}/addons/{addon.name}/values.yaml"]
+        assert values["ref"] == "values"
+        assert overlay["path"].endswith(f"addons/{addon.name}/overlays/{cluster.settings.cluster_name}")
+    assert seen >= 2
+
+
+def _install_chart_vars(playbook: Path) -> dict:
+    for play in yaml.safe_load(playbook.read_text()):
+        for task in play.get("tasks") or []:
+            for inner in [task, *(task.get("block") or [])]:
+                if inner.get("ansible.builtin.include_tasks") == "tasks/install_chart.yml":
+                    return inner["vars"]
+    raise AssertionError(f"{playbook} does not include tasks/install_chart.yml")
+
+
+def test_secrets_and_gpuboots_own_objects_stay_out(tmp_path: Path):
+    inventory = with_gitops(CASES["mixed-fleet"], tmp_path)
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    login = secrets / "mirror.json"
+    login.write_text(json.dumps({"username": "mirror-user", "password": FAKE_LOGIN}))
+    login.chmod(0o600)
+    all_vars = inventory.parent / "group_vars" / "all.yml"
+    data = yaml.safe_load(all_vars.read_text())
+    data["gpuboot"]["mirror"] = {"registry": "mirror.example.internal:5000", "credentials_file": str(login)}
+    all_vars.write_text(yaml.safe_dump(data))
+    # `up` writes the login into a Secret for the Network Operator: the repository must not.
+    assert run(["render", str(inventory), "--out", str(tmp_path / "render")]) == 0
+    repo = gitops_render(inventory, tmp_path / "repo")
+    texts = {p: p.read_text() for p in repo.rglob("*") if p.is_file()}
+    assert not [p for p, text in texts.items() if FAKE_LOGIN in text or "mirror-user" in text]
+    assert not [p for p in texts if p.name in {"mirror-access.yaml", "node-labels.yaml"}]
+    kinds = {o["kind"] for text in texts.values() for o in _objects(text) if isinstance(o, dict) and "kind" in o}
+    assert "Secret" not in kinds and "Node" not in kinds
+
+
+def test_a_tenant_removed_from_the_inventory_leaves_the_repository(tmp_path: Path):
+    inventory = with_gitops(CASES["mixed-fleet"], tmp_path)
+    all_vars = inventory.parent / "group_vars" / "all.yml"
+    data = yaml.safe_load(all_vars.read_text())
+    data["gpuboot"]["tenants"] = [{"name": "alpha", "quota": {"gpu": 4}}, {"name": "beta", "quota": {"gpu": 4}}]
+    all_vars.write_text(yaml.safe_dump(data))
+    repo = gitops_render(inventory, tmp_path / "repo")
+    (tmp_path / "repo" / "README.md").write_text("the operator's own file\n")
+    assert (repo / "tenants" / "beta").is_dir()
+    data["gpuboot"]["tenants"] = data["gpuboot"]["tenants"][:1]
+    all_vars.write_text(yaml.safe_dump(data))
+    gitops_render(inventory, tmp_path / "repo")
+    assert not (repo / "tenants" / "beta").exists()
+    assert not (repo / "argocd" / "applications" / "tenant-beta.yaml").exists()
+    assert "tenant-beta" not in (repo / "argocd" / "kustomization.yaml").read_text()
+    assert (tmp_path / "repo" / "README.md").read_text() == "the operator's own file\n"  # outside gitops.path
+
+
+def test_without_gitops_settings_it_says_what_to_set(tmp_path: Path, capsys):
+    code = run(["gitops", "render", str(CASES["mixed-fleet"]), "--out", str(tmp_path / "repo")])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "gpuboot.gitops is not set" in err and "repo_url" in err
+    assert not (tmp_path / "repo").exists()
+
+
+def test_every_kustomization_lists_files_that_exist(tmp_path: Path):
+    """The structure every build relies on (tests/integration/test_gitops_tenants.py builds them
+    for real with kubectl's kustomize)."""
+    for case in ("sample", "four-tenants"):
+        repo = gitops_render(CASES[case], tmp_path / case)
+        files = {p for p in repo.rglob("*") if p.is_file()}
+        listed = set()
+        for kustomization in repo.rglob("kustomization.yaml"):
+            for resource in yaml.safe_load(kustomization.read_text())["resources"]:
+                target = (kustomization.parent / resource).resolve()
+                assert target.exists(), f"{kustomization} lists {resource}"
+                listed |= {target} if target.is_file() else {target / "kustomization.yaml"}
+        unlisted = {p for p in files - listed if p.name not in ("kustomization.yaml", "values.yaml")}
+        assert not unlisted, f"files no kustomization takes: {sorted(map(str, unlisted))}"
