@@ -15,7 +15,7 @@ import yaml
 
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
-from gpuboot.gitops.repo import ADDONS, KEPT_BY_GPUBOOT
+from gpuboot.gitops.repo import ADDONS, KEPT_BY_GPUBOOT, MARKER
 from tests.support.golden import matches_golden
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,8 @@ FAKE_LOGIN = "gitops-test-fake-password-5d1c"
 
 def gitops_render(inventory: Path, out: Path) -> Path:
     assert run(["gitops", "render", str(inventory), "--out", str(out)]) == 0
-    return out / load_cluster(inventory).settings.gitops.path
+    settings = load_cluster(inventory).settings
+    return out / settings.gitops.directory(settings.cluster_name)
 
 
 def with_gitops(inventory: Path, tmp_path: Path) -> Path:
@@ -39,7 +40,7 @@ def with_gitops(inventory: Path, tmp_path: Path) -> Path:
     shutil.copytree(inventory.parent, copy)
     all_vars = copy / "group_vars" / "all.yml"
     data = yaml.safe_load(all_vars.read_text())
-    data["gpuboot"]["gitops"] = {"repo_url": "https://git.example.internal/platform/fleet.git", "path": "fleet"}
+    data["gpuboot"]["gitops"] = {"repo_url": "https://git.example.internal/platform/fleet.git"}
     all_vars.write_text(yaml.safe_dump(data))
     return copy / inventory.name
 
@@ -161,5 +162,30 @@ def test_every_kustomization_lists_files_that_exist(tmp_path: Path):
                 target = (kustomization.parent / resource).resolve()
                 assert target.exists(), f"{kustomization} lists {resource}"
                 listed |= {target} if target.is_file() else {target / "kustomization.yaml"}
-        unlisted = {p for p in files - listed if p.name not in ("kustomization.yaml", "values.yaml")}
+        unlisted = {p for p in files - listed if p.name not in ("kustomization.yaml", "values.yaml", MARKER)}
         assert not unlisted, f"files no kustomization takes: {sorted(map(str, unlisted))}"
+
+
+def test_the_default_directory_is_the_clusters_own(tmp_path: Path):
+    repo = gitops_render(with_gitops(CASES["mixed-fleet"], tmp_path), tmp_path / "repo")
+    assert repo == tmp_path / "repo" / "clusters" / "fleet"
+    app = yaml.safe_load((repo / "argocd" / "root.yaml").read_text())
+    assert app["spec"]["source"]["path"] == "clusters/fleet/argocd"
+
+
+def test_a_directory_gpuboot_did_not_write_for_this_cluster_is_left_alone(tmp_path: Path, capsys):
+    inventory = with_gitops(CASES["mixed-fleet"], tmp_path)
+    theirs = tmp_path / "repo" / "clusters" / "fleet"
+    theirs.mkdir(parents=True)
+    (theirs / "app.yaml").write_text("kind: ConfigMap\n")
+    assert run(["gitops", "render", str(inventory), "--out", str(tmp_path / "repo")]) != 0
+    err = capsys.readouterr().err
+    assert "files gpuboot did not write" in err and "gpuboot.gitops.path" in err
+    assert sorted(p.name for p in theirs.iterdir()) == ["app.yaml"]
+    # Another cluster's directory (its marker names it) is refused the same way.
+    (theirs / "app.yaml").unlink()
+    (theirs / ".gpuboot-gitops.json").write_text('{"cluster": "other"}\n')
+    (theirs / "x.yaml").write_text("kind: ConfigMap\n")
+    assert run(["gitops", "render", str(inventory), "--out", str(tmp_path / "repo")]) != 0
+    assert "cluster other's" in capsys.readouterr().err
+    assert (theirs / "x.yaml").is_file()

@@ -27,4 +27,4 @@ def gitops_render(app: App, inventory: str, out: str) -> None:
     for path in files:
         app.console.print(f"  {path.relative_to(Path(out))}")
     app.console.print(f"[green]rendered[/] {len(files)} files of cluster {cluster.settings.cluster_name} "
-                      f"under {Path(out) / cluster.settings.gitops.path}")
+                      f"under {Path(out) / cluster.settings.gitops.directory(cluster.settings.cluster_name)}")

@@ -236,8 +236,13 @@ class NetworkOperator(Strict):
 class GitOps(Strict):
     repo_url: Annotated[str, Field(pattern=GIT_URL)]
     branch: Annotated[str, Field(pattern=GIT_REF, max_length=100)] = "main"
-    path: Annotated[str, Field(pattern=REPO_PATH, max_length=200)] = "clusters"
+    # The cluster's directory in the repository; unset: clusters/<cluster_name>, so clusters
+    # sharing a repository never write over each other.
+    path: Annotated[str, Field(pattern=REPO_PATH, max_length=200)] | None = None
     credentials_file: FilePath | None = None
+
+    def directory(self, cluster_name: str) -> str:
+        return self.path or f"clusters/{cluster_name}"
 
 
 class TenantQuota(Strict):

@@ -19,6 +19,7 @@ the mirror's login (a Secret; the handoff phase gives Argo CD its own copy) and 
 (Nodes belong to the kubelet; gpuboot keeps labelling its nodes)."""
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,7 @@ class Repository:
                              hint="set gpuboot.gitops.repo_url (and branch, path) in the inventory")
         self.cluster = cluster
         self.gitops: GitOps = cluster.settings.gitops
-        self.root = Path(self.gitops.path)
+        self.root = Path(self.gitops.directory(cluster.settings.cluster_name))
         self.extravars = cluster.extravars()
         self.files: dict[Path, str] = {}
         self.applications: list[dict] = []
@@ -222,19 +223,29 @@ class Repository:
         self.add_kustomization(argocd, resources)
 
 
-def render(cluster: Cluster) -> dict[Path, str]:
-    return Repository(cluster).render()
+MARKER = ".gpuboot-gitops.json"
 
 
 def write(cluster: Cluster, out: Path) -> list[Path]:
-    """Write the repository under OUT (its root); gitops.path inside it is replaced whole, so
-    a file the inventory no longer makes does not linger."""
-    files = render(cluster)
-    target = out / cluster.settings.gitops.path
-    if target.exists():
+    """Write the repository under OUT (its root). The cluster's directory is replaced whole, so
+    a file the inventory no longer makes does not linger; it must be one gpuboot wrote for this
+    cluster (its marker file says so) or not exist, never someone else's directory."""
+    repository = Repository(cluster)
+    files = repository.render()
+    name = cluster.settings.cluster_name
+    target = out / repository.root
+    marker = target / MARKER
+    if target.exists() and any(target.iterdir()):
+        owner = json.loads(marker.read_text()).get("cluster") if marker.is_file() else None
+        if owner != name:
+            whose = f"cluster {owner}'s" if owner else "files gpuboot did not write"
+            raise UsageError(f"{target} holds {whose}: gpuboot replaces the cluster's directory whole and will "
+                             "not remove them",
+                             hint="set gpuboot.gitops.path to a directory of this cluster's own, or empty that one")
         shutil.rmtree(target)
+    files[repository.root / MARKER] = json.dumps({"cluster": name, "written_by": "gpuboot gitops render"}) + "\n"
     for relative, text in files.items():
         path = out / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    return [out / relative for relative in files]
+    return [out / relative for relative in sorted(files)]
