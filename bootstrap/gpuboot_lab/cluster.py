@@ -18,6 +18,7 @@ from gpuboot_lab import mirror as lab_mirror
 from gpuboot_lab.errors import LabError
 from gpuboot_lab.image import ensure_image
 from gpuboot_lab.podman import Podman
+from gpuboot_lab.process import listeners_on, process_group, stop_own_process
 
 LABEL = "io.gpuboot_lab"
 INOTIFY = "fs.inotify.max_user_instances"
@@ -248,6 +249,7 @@ class Lab:
             removed.append(volume)
         network = f"gpuboot-{name}"
         if self.podman.exists("network", network):
+            removed += self._stop_leftovers(network)
             self.podman.run("network", "rm", "-f", network)
             removed.append(network)
         if firewall.exists(name):
@@ -265,6 +267,20 @@ class Lab:
                 removed.append(state.inventory)
             self.state_file.unlink()
         return removed
+
+    def _stop_leftovers(self, network: str) -> list[str]:
+        """The lab's apt cache and mirror listen on its network's gateway. A lab whose state was
+        lost (its run was killed, or it was made under another state directory) still holds
+        them: stop what listens there if it is one of them, so the next lab can bind again."""
+        stopped = []
+        for gateway in self.podman.network_gateways(network):
+            # A registry the mirror started listens too: its process group leads to the mirror.
+            listening = listeners_on(gateway)
+            for pid in sorted(listening | {process_group(p) or p for p in listening}):
+                for program, whole_group in ((b"apt-cacher-ng", False), (lab_mirror.PROGRAM, True)):
+                    if stop_own_process(pid, program, group=whole_group):
+                        stopped.append(f"leftover {program.decode().replace(chr(0), ' ')} pid {pid} on {gateway}")
+        return stopped
 
     def start_mirror(self, bundle: Path) -> LabState:
         state = self.load()

@@ -51,6 +51,11 @@ class Podman:
             return self.run("network", "exists", name, check=False).returncode == 0
         return self.run(kind, "exists", name, check=False).returncode == 0
 
+    def network_gateways(self, name: str) -> list[str]:
+        out = self.run("network", "inspect", name, "--format", "{{range .Subnets}}{{.Gateway}} {{end}}",
+                       check=False).stdout
+        return out.split()
+
     def containers(self, label: str) -> list[dict]:
         out = self.run("ps", "-a", "--filter", f"label={label}", "--format", "json").stdout
         return json.loads(out or "[]")

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -29,3 +31,24 @@ def stop_own_process(pid: int | None, program: bytes, group: bool = False) -> bo
         time.sleep(0.1)
     kill(pid, signal.SIGKILL)
     return True
+
+
+_LISTENER = re.compile(r"^\S+\s+\d+\s+\d+\s+(\S+):\d+\s.*?users:\((.*)\)\s*$")
+
+
+def listeners_on(address: str) -> set[int]:
+    """PIDs of the processes listening on ADDRESS (any port), from `ss`."""
+    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=False).stdout
+    pids: set[int] = set()
+    for line in out.splitlines():
+        match = _LISTENER.match(line)
+        if match and match.group(1).strip("[]") == address:
+            pids |= {int(pid) for pid in re.findall(r"pid=(\d+)", match.group(2))}
+    return pids
+
+
+def process_group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None

@@ -3,6 +3,7 @@ and `lab down` cleans up whatever a failed `lab up` left."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -73,3 +74,30 @@ def test_lab_network_is_fenced(lab):
     assert f"ip saddr {LAB_SUBNET} ip daddr != {LAB_SUBNET}" in rules and "drop" in rules
     assert f"ip daddr {LAB_SUBNET} ip saddr != {LAB_SUBNET}" in rules
     assert "hook forward priority" in rules
+
+
+def test_a_lab_whose_state_was_lost_is_cleaned_by_name(tmp_path, lab):
+    """A killed run's lab keeps its apt cache listening on the gateway. `lab down --name` from
+    any state directory stops it (by what listens on the lab network's gateway), so a new lab
+    of that name binds again instead of failing on the port."""
+    spec = LabSpec(name="lost", control_planes=1, workers=0, gpu_workers=0, subnet="10.213.76.0/24")
+    first = Lab(tmp_path / "first" / "_lab" / "lost", log=lambda m: None)
+    state = first.up(spec, tmp_path / "first" / "inv.yml")
+    cache = state.acng_pid
+    assert cache and f"10.213.76.1:{aptcache.PORT}" in _listening()
+    elsewhere = Lab(tmp_path / "elsewhere" / "_lab" / "lost", log=lambda m: None)  # knows no state
+    try:
+        removed = elsewhere.down("lost")
+        assert f"leftover apt-cacher-ng pid {cache} on 10.213.76.1" in removed
+        assert f"10.213.76.1:{aptcache.PORT}" not in _listening()
+        again = elsewhere.up(spec, tmp_path / "elsewhere" / "inv.yml")
+        assert again.acng_pid and again.acng_pid != cache
+        # The running lab was not touched.
+        assert lab["lab"].podman.names("container", "io.gpuboot_lab=itest")
+    finally:
+        elsewhere.down("lost")
+        first.down("lost")
+
+
+def _listening() -> str:
+    return subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout
