@@ -297,6 +297,10 @@ def kernel_version(kernel: str) -> tuple[int, int, int] | None:
 
 
 GPU = "nvidia.com/gpu"
+# Namespaces of the cluster itself and of what gpuboot installs: a tenant bundle there would
+# put a quota and a default-deny policy on the cluster's own pods.
+RESERVED_NAMESPACES = frozenset({"default", "argocd", "gpu-operator", "nvidia-network-operator", "tigera-operator",
+                                 "calico-system", "calico-apiserver"})
 
 
 def tenants(settings: GpubootSettings, offered: dict[str, int] | None, where: Where) -> list[Problem]:
@@ -317,6 +321,12 @@ def tenants(settings: GpubootSettings, offered: dict[str, int] | None, where: Wh
     problems += _mig_quotas(settings, offered, where)
     seen: dict[str, int] = {}
     for index, tenant in enumerate(settings.tenants):
+        if tenant.name in RESERVED_NAMESPACES or tenant.name.startswith("kube-"):
+            problems.append(Problem(where.file, where.child("tenants", index, "name").line,
+                                    f"gpuboot.tenants[{index}].name",
+                                    f"{tenant.name} is a namespace of the cluster itself or of an add-on gpuboot "
+                                    "installs: a tenant's quota and default-deny policy would apply to its pods",
+                                    "give the tenant a name of its own"))
         if tenant.name in seen:
             problems.append(Problem(where.file, where.child("tenants", index).line, f"gpuboot.tenants[{index}].name",
                                     f"tenant {tenant.name} is defined twice (also tenants[{seen[tenant.name]}])",
