@@ -28,13 +28,16 @@ NODE = {"gpu": {"count": 8, "time_slicing_replicas": 4},
 
 def heavy_node(i: int) -> dict:
     """A fully written-out HGX node, as an inventory generated from a CMDB has it: eight
-    rails, each its own NIC entry with its PF and PCI address (about 2.5 KB per host)."""
-    rails = [{"name": f"rail{j}", "pf_names": [f"ibp{j * 16 + 24}s0"],
-              "pci_addresses": [f"0000:{0x18 + j * 0x10:02x}:00.0"], "num_vfs": 8, "link_type": "ib",
-              "resource_name": f"nvidia.com/rail{j}", "rdma": True, "device_type": "netdevice"} for j in range(8)]
+    rails, each its own NIC entry selected by PCI address, and the CMDB's own record of every
+    rail (PF name and address) beside it (about 2.5 KB per host)."""
+    rails = [{"name": f"rail{j}", "pci_addresses": [f"0000:{0x18 + j * 0x10:02x}:00.0"], "num_vfs": 8,
+              "link_type": "ib", "resource_name": f"nvidia.com/rail{j}", "rdma": True, "device_type": "netdevice"}
+             for j in range(8)]
+    cmdb = [{"pf": f"ibp{j * 16 + 24}s0", "pci": f"0000:{0x18 + j * 0x10:02x}:00.0"} for j in range(8)]
     return {"ansible_host": address(i), "ansible_user": "ops", "ansible_port": 22,
             "bmc_address": f"10.250.{(i // 250) % 250}.{i % 250 + 1}", "rack": f"r{i // 32:03d}",
-            "serial": f"HGX-{i:08d}", "gpuboot_node": {"gpu": {"count": 8, "model": "H200-SXM-141GB"}, "nics": rails}}
+            "serial": f"HGX-{i:08d}", "cmdb_rails": cmdb,
+            "gpuboot_node": {"gpu": {"count": 8, "model": "H200-SXM-141GB"}, "nics": rails}}
 
 
 def address(i: int) -> str:
