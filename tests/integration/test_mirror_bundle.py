@@ -199,6 +199,35 @@ def test_interrupted_pull_resumes_without_refetching_finished_blobs(capsys, upst
     assert (partial_bundle / "bundle.json").read_bytes() == (bundle / "bundle.json").read_bytes()
 
 
+def test_mirror_stopped_during_an_import_then_the_import_resumes_with_only_what_is_missing(capsys, bundle, mirror):
+    """An import the mirror's stop cut short (blobs uploaded, two artifacts not tagged yet):
+    while the mirror is down the import fails naming it; once it is back the import tags what
+    is missing and uploads no blob again."""
+    code, out = _import(capsys, bundle, mirror)
+    assert code == 0, out
+    registry = mirror["registry"]
+    _release, artifacts = Bundle(bundle).read_manifest()
+    repositories = registry.spec.root / "data" / "docker" / "registry" / "v2" / "repositories"
+    untagged = artifacts[:2]
+    registry.stop()
+    for artifact in untagged:  # as the mirror's storage is when it stopped before these tags
+        shutil.rmtree(repositories / artifact.repository / "_manifests")
+
+    code, out = _import(capsys, bundle, mirror)
+    assert code != 0 and f"registry {mirror['listen']} unreachable" in out and "registry is running" in out, out
+
+    restarted = start(registry.spec)
+    try:
+        code, out = _import(capsys, bundle, mirror)
+        assert code == 0, out
+        assert f"{len(artifacts)} artifacts ({len(artifacts) - len(untagged)} already there); 0 blobs uploaded" in out, out
+        client = _client(mirror)
+        for artifact in artifacts:
+            assert client.manifest_digest(artifact.repository, artifact.tag) == artifact.digest
+    finally:
+        restarted.stop()
+
+
 def test_signed_bundle_verifies_and_a_foreign_signer_is_refused(capsys, upstream, tmp_path, mirror):
     key = tmp_path / "signer"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)

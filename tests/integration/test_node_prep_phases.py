@@ -5,11 +5,16 @@ that changes nothing, even after the NVIDIA toolkit has added its containerd dro
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from gpuboot import processes
 from gpuboot.cli.main import run
 from tests.integration.conftest import edit_inventory, ssh
 
@@ -71,6 +76,69 @@ def test_missing_kubernetes_packages_are_explained(lab, capsys):
     messages = " ".join(f["message"] for f in finished["failures"])
     assert f"kubeadm, kubelet, kubectl {DEBIAN['kube_packages']['version']} could not be installed" in messages
     assert "gpuboot.mirror.packages_url" in messages
+
+
+def killed_when(inventory: str, moment, after: float = 0.0) -> list[dict]:
+    """Runs `gpuboot up` in its own process and SIGKILLs it (nothing can catch that) at the
+    first event `moment` accepts, `after` seconds later; returns the events it had written."""
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "gpuboot"), "up", inventory, "--to", "kube_packages",
+                             "--output", "json"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    events, phase = [], None
+    try:
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            event = json.loads(line)
+            events.append(event)
+            phase = event.get("phase", phase)
+            if moment(event, phase):
+                time.sleep(after)
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, ("the run ended before the moment came", events[-3:])
+    return events
+
+
+def test_gpuboot_killed_at_a_boundary_and_mid_phase_then_a_plain_up_converges(lab, prepared_inventory, capsys):
+    """SIGKILL right after a phase finished, then again while apt installs containerd on every
+    node (its ansible-playbook and remote apt left running or cut off): a plain `up` stops what
+    the killed runs left, is not blocked by their lock, and converges every node."""
+    inventory = str(prepared_inventory)
+    for host in lab["state"].addresses:  # start from nodes where node preparation must really run
+        ssh(lab, host, "apt-get purge -y -q --allow-change-held-packages containerd kubeadm kubelet kubectl >/dev/null 2>&1; "
+                       "rm -rf /etc/containerd; true")
+    killed_when(inventory, lambda e, _: e["event"] == "PhaseFinished" and e["phase"] == "os_prep")
+    killed_when(inventory, lambda e, phase: e["event"] == "TaskStarted" and phase == "container_runtime"
+                and "install containerd" in e["task"], after=3.0)
+
+    assert run(["up", inventory, "--to", "kube_packages", "--output", "json"]) == 0, capsys.readouterr().out[-3000:]
+    events = events_of(capsys.readouterr().out)
+    ran = [e["phase"] for e in events if e["event"] == "PhaseFinished"]
+    assert ran[-2:] == ["container_runtime", "kube_packages"], ran
+    stats = [e for e in events if e["event"] == "PlaybookStats"]
+    assert all(c["failed"] == 0 and c["unreachable"] == 0 for s in stats for c in s["hosts"].values())
+    # What the killed runs left (an orphaned ansible-playbook and its workers) is gone.
+    log = Path(next(e["log"] for e in events if e["event"] == "RunStarted"))
+    state_root = next(parent.parent for parent in log.parents if parent.name == "runs")
+    assert processes.marked(state_root) == []
+    version = DEBIAN["kube_packages"]["version"]
+    for host in lab["state"].addresses:
+        result = ssh(lab, host, "dpkg --audit; systemctl is-active containerd; "
+                                "dpkg-query -W -f='${Status}\\n' containerd kubeadm kubelet kubectl; "
+                                "dpkg-query -W -f='${Version}\\n' kubeadm; containerd config dump >/dev/null && echo valid")
+        assert result.stdout.splitlines() == ["active"] + ["hold ok installed"] * 4 + [version, "valid"], (
+            host, result.stdout, result.stderr)
+
+    # Converged: one more plain run finds every phase's result on the hosts and runs nothing.
+    assert run(["up", inventory, "--to", "kube_packages", "--output", "json"]) == 0
+    events = events_of(capsys.readouterr().out)
+    assert [e["phase"] for e in events if e["event"] == "PhaseFinished"] == []
+    assert [e["phase"] for e in events if e["event"] == "PhaseSkipped"] == list(
+        ("preflight", "os_prep", "container_runtime", "kube_packages"))
 
 
 def test_four_phases_converge_then_a_second_run_changes_nothing(lab, prepared_inventory, capsys):
