@@ -42,15 +42,24 @@ class NicGroup:
     nic: Nic                          # the group's settings, as its first node declares them
     first: str                        # that node
     members: dict[str, Nic] = field(default_factory=dict)
+    # union() per selector key, kept until a member is added: a 2,000-node group is asked once
+    # per node it reaches, and recomputing made validation quadratic.
+    _unions: dict[str, list[str]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def kind(self) -> str | None:
         return self.nic.kind
 
+    def add(self, node: str, nic: Nic) -> None:
+        self.members[node] = nic
+        self._unions.clear()
+
     def union(self, key: str) -> list[str]:
         """Every value of one selector over the group's nodes: what its objects list."""
-        return list(dict.fromkeys(v.lower() if key == "pci_addresses" else v
-                                  for nic in self.members.values() for v in getattr(nic, key)))
+        if key not in self._unions:
+            self._unions[key] = list(dict.fromkeys(v.lower() if key == "pci_addresses" else v
+                                                   for nic in self.members.values() for v in getattr(nic, key)))
+        return list(self._unions[key])
 
     @property
     def label(self) -> str:
@@ -90,7 +99,7 @@ class NicPlan:
     def reach(self, node: str) -> list[tuple[NicGroup, str]]:
         """The (group, object) pairs whose selectors act on the node's ports."""
         found = [(g, "SR-IOV policy") for g in self.of_kind("sriov", "both") if node in g.members]
-        if node in self.shared_nodes:
+        if self.of_kind("rdma_shared", "both") and any(nic.kind for nic in self.nodes.get(node, ())):
             found += [(g, "RDMA shared device plugin") for g in self.of_kind("rdma_shared", "both")]
         return found
 
@@ -232,7 +241,7 @@ class _Resolver:
             if group is None:
                 self.plan.groups[nic.name] = NicGroup(nic.name, nic, node.name, {node.name: nic})
                 continue
-            group.members[node.name] = nic
+            group.add(node.name, nic)
             for key in GROUP_FIELDS:
                 mine, theirs = getattr(nic, key), getattr(group.nic, key)
                 if mine != theirs:
@@ -272,14 +281,16 @@ class _Resolver:
     def reach(self) -> None:
         """A selector lists the names its nodes use: on every node it reaches, no port of that
         name may be declared as something else."""
+        selects = {(g.name, key): set(g.union(key)) for g in self.plan.fabric
+                   for key in ("pf_names", "pci_addresses", "device_ids")}
         for node, nics in self.plan.nodes.items():
             for group, what in self.plan.reach(node):
                 for index, nic in enumerate(nics):
                     if nic.name == group.name:
                         continue
                     for key in ("pf_names", "pci_addresses", "device_ids"):
-                        hit = set(group.union(key)) & {v.lower() if key == "pci_addresses" else v
-                                                       for v in getattr(nic, key)}
+                        hit = selects[group.name, key] & {v.lower() if key == "pci_addresses" else v
+                                                          for v in getattr(nic, key)}
                         if hit:
                             role = f"its {nic.purpose} NIC" if nic.purpose != "fabric" else "NIC group"
                             self.misfit(node, ("nics", index, key),

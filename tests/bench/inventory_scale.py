@@ -36,7 +36,7 @@ def heavy_node(i: int) -> dict:
     cmdb = [{"pf": f"ibp{j * 16 + 24}s0", "pci": f"0000:{0x18 + j * 0x10:02x}:00.0"} for j in range(8)]
     return {"ansible_host": address(i), "ansible_user": "ops", "ansible_port": 22,
             "bmc_address": f"10.250.{(i // 250) % 250}.{i % 250 + 1}", "rack": f"r{i // 32:03d}",
-            "serial": f"HGX-{i:08d}", "cmdb_rails": cmdb,
+            "asset_serial": f"HGX-{i:08d}", "cmdb_rails": cmdb,
             "gpuboot_node": {"gpu": {"count": 8, "model": "H200-SXM-141GB"}, "nics": rails}}
 
 

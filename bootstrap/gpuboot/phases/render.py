@@ -69,7 +69,9 @@ def write_settings(cluster: Cluster, path: Path) -> None:
     header = ("# Written by `gpuboot render`: the validated settings of cluster "
               f"{cluster.settings.cluster_name}, every default filled in.\n"
               "# ansible-playbook -i INVENTORY playbooks/up.yml -e @THIS_FILE\n")
-    path.write_text(header + yaml.safe_dump(cluster.extravars(), sort_keys=False))
+    # The C dumper: the settings of 2,000 written-out hosts take the pure-Python one 40 s.
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    path.write_text(header + yaml.dump(cluster.extravars(), Dumper=dumper, sort_keys=False))
 
 
 def role_files(view: HostView, role: str, role_path: Path) -> Iterator[RenderedFile]:
