@@ -78,6 +78,8 @@ class NicPlan:
     # node -> its NICs in inventory order
     nodes: dict[str, tuple[Nic, ...]] = field(default_factory=dict)
     misfits: list[Misfit] = field(default_factory=list)
+    # Nodes with GPUs: an RDMA bandwidth test between two of them moves GPU memory (DMA-BUF).
+    gpu_nodes: set[str] = field(default_factory=set)
 
     @property
     def fabric(self) -> list[NicGroup]:
@@ -124,7 +126,31 @@ class NicPlan:
         if networks:
             found += ["multus", "cniPlugins", "nvIpam"]
             found += ["ipoibCni"] if any(n["kind"] == "IPoIBNetwork" for n in networks) else []
+        if self.bandwidth_tests():
+            found.append("bandwidthTest")
         return tuple(found)
+
+    def bandwidth_tests(self) -> list[dict]:
+        """One RDMA bandwidth test (ib_write_bw) per InfiniBand NIC group with RDMA on two or
+        more nodes, between its first two nodes over the group's RDMA resource; GPU memory on
+        both ends through DMA-BUF when both have GPUs. Written for a person to run on real
+        hardware, never part of the gate. RoCE groups get none: ib_write_bw there needs the
+        GID index of each pod's RoCE v2 address, which only the running pods know."""
+        tests = []
+        for group in self.fabric:
+            nic = group.nic
+            if nic.link_type != "ib" or len(group.members) < 2:
+                continue
+            if group.kind in ("rdma_shared", "both"):
+                resource = nic.shared_resource_name if group.kind == "both" else nic.resource_name
+            elif nic.rdma and nic.device_type == "netdevice":
+                resource = nic.resource_name
+            else:
+                continue
+            server, client = list(group.members)[:2]
+            tests.append({"name": f"rdma-bw-{group.name}", "group": group.name, "server": server, "client": client,
+                          "resource": resource, "gpudirect": {server, client} <= self.gpu_nodes})
+        return tests
 
     def shared_config(self) -> dict:
         """The RDMA shared device plugin's configuration (NicClusterPolicy rdmaSharedDevicePlugin.config)."""
@@ -214,6 +240,7 @@ class NicPlan:
             "shared_config": self.shared_config(),
             "sriov_policies": self.sriov_policies(),
             "networks": self.networks(),
+            "bandwidth_tests": self.bandwidth_tests(),
             "fabric_label": FABRIC_LABEL,
             "node_labels": self.node_labels(),
             "nodes": {node: {
@@ -236,6 +263,8 @@ class _Resolver:
 
     def node(self, node: Node) -> None:
         self.plan.nodes[node.name] = tuple(node.settings.nics)
+        if node.role == "gpu_worker":
+            self.plan.gpu_nodes.add(node.name)
         for index, nic in enumerate(node.settings.nics):
             group = self.plan.groups.get(nic.name)
             if group is None:

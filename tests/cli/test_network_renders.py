@@ -101,6 +101,10 @@ def test_objects_fit_the_contracts_and_the_plan_lists_exactly_what_is_deployed(r
                                                          "os_tag": release.os_for(os_id)[2], "arch": arch}
     mirror = cluster.settings.mirror.registry if cluster.settings.mirror.air_gapped else None
     deployed = deployed_images(values, policy["spec"], nodes, mirror)
+    # The RDMA bandwidth test gpuboot writes for a person to run: its pods' images are pulled too.
+    if (addons / "rdma-bandwidth-test.yaml").is_file():
+        deployed |= {c["image"] for o in objects(addons, "rdma-bandwidth-test.yaml") if o["kind"] in ("Pod", "Job")
+                     for c in (o["spec"] if o["kind"] == "Pod" else o["spec"]["template"]["spec"])["containers"]}
     planned = {str(i.ref) for i in build(release, Target.of(cluster, release)).only({"network_operator"}).images}
     assert planned == deployed, (f"planned but not deployed: {sorted(planned - deployed)}; "
                                  f"deployed but not planned: {sorted(deployed - planned)}")

@@ -104,9 +104,15 @@ def _network_operator_wait(api, tmp_path):
     plan = {"sriov": True, "node_labels": {"hgx01": {}, "hgx02": {}}}
     variables = {"network_operator_kubeconfig": str(api.kubeconfig), "network_operator_ready_timeout": 5,
                  "network_operator_plan": plan, "network_operator_release": {}, "network_operator_images": {}}
-    status(api, "nicclusterpolicies.mellanox.com", "nic-cluster-policy", {"state": "notReady"})
+    missing = "ForcePrecompiled is enabled and precompiled tag was not found: 1-6.8.0-51-generic-ubuntu24.04-amd64"
+    status(api, "nicclusterpolicies.mellanox.com", "nic-cluster-policy", {"state": "notReady", "appliedStates": [
+        {"name": "state-OFED", "state": "error", "message": missing},
+        {"name": "state-RDMA-device-plugin", "state": "ready"}]})
     short = wait(api, tmp_path, "network_operator", variables)
     assert short.returncode != 0 and "NicClusterPolicy notReady" in short.stdout, short.stdout[-3000:]
+    # The operator's own reason per component; a ready component is not named.
+    assert f"- state-OFED: error {missing}" in short.stdout, short.stdout[-3000:]
+    assert "state-RDMA-device-plugin" not in short.stdout
     status(api, "nicclusterpolicies.mellanox.com", "nic-cluster-policy", {"state": "ready"})
     api.kubectl("patch", "sriovnetworknodestates.sriovnetwork.openshift.io", "hgx01", "-n", "nvidia-network-operator",
                 "--subresource=status", "--type=merge", "-p", json.dumps({"status": {"syncStatus": "Succeeded"}}))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -75,6 +76,16 @@ def net_cluster(lab, tmp_path, monkeypatch, capsys):
         hardware = {HGX: {"sys_root": sys_root, "os_tag": "debian12", "kernel": platform.release(), "arch": "amd64"}}
         with DoubleNetworkOperator(node_lab.kubectl, node_lab.kubeconfig, hardware) as operator:
             yield node_lab.info(images=images, operator=operator, mirror=mirror)
+
+
+def eventually(check, seconds: float = 30) -> bool:
+    """Whether check() holds within the seconds (the double reconciles every 2 s)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+    return True
 
 
 def write_hgx(inventory, nics) -> None:
@@ -147,7 +158,26 @@ def test_network_operator_from_the_mirror_and_the_hgx_node_advertises_what_the_i
     assert {"network-operator", "sriov-network-operator", "doca-driver", "k8s-rdma-shared-dev-plugin", "multus-cni",
             "nvidia-k8s-ipam"} <= seen, seen
 
-    # A second run changes nothing; a deleted policy is put back.
+    # The operator lists the DOCA driver's tags in the mirror itself (the double does the real
+    # listing, trusting only what Go would in the operator's container): it works through the CA
+    # gpuboot mounted into the chart's Deployment, and fails without it.
+    operator = info["operator"]
+    doca = [i for i in info["images"] if "/doca-driver:" in i]
+    assert operator.lookup["error"] is None, operator.lookup
+    assert operator.lookup["repository"] == f"{info['mirror']}/nvcr.io/nvidia/mellanox/doca-driver"
+    assert {i.split(":", 1)[1] for i in doca} <= set(operator.lookup["tags"]), (doca, operator.lookup)
+    kubectl(info, "apply", "--server-side", "--field-manager=gpuboot-mirror-trust", "-f", "-", stdin=json.dumps({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "network-operator", "namespace": "nvidia-network-operator"}}))
+    assert eventually(lambda: operator.lookup["error"]), operator.lookup
+    assert "CERTIFICATE_VERIFY_FAILED" in operator.lookup["error"], operator.lookup
+
+    # A second run puts the trust back (one change) and then changes nothing; a deleted policy is put back.
+    assert run(["up", inventory, "--from", "network_operator", "--to", "network_operator", "--force",
+                "--skip-mirror-check"]) == 0, said(capsys)
+    record = json.loads((info["kubeconfig"].parent / "state.json").read_text())["phases"]
+    assert record["network_operator"]["changed"] == 1, record["network_operator"]
+    assert eventually(lambda: operator.lookup["error"] is None), operator.lookup
     assert run(["up", inventory, "--from", "network_operator", "--to", "network_operator", "--force",
                 "--skip-mirror-check"]) == 0, said(capsys)
     record = json.loads((info["kubeconfig"].parent / "state.json").read_text())["phases"]

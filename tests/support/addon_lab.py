@@ -68,9 +68,9 @@ def addon_lab(tmp_path: Path, monkeypatch, capsys, spec: LabSpec) -> Iterator[Ad
         node_lab.down(spec.name)
 
 
-def kubectl(info: dict, *args: str) -> str:
+def kubectl(info: dict, *args: str, stdin: str | None = None) -> str:
     proc = subprocess.run([str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "--request-timeout=10s", *args],
-                          capture_output=True, text=True, timeout=30)
+                          input=stdin, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

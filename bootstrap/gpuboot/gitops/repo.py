@@ -15,8 +15,10 @@ Under gpuboot.gitops.path (one directory per cluster):
 The add-ons' files come from the same role templates and inputs as `gpuboot up` (the render
 engine), and each chart is rendered by Argo CD with the same values, release name and
 namespace as gpuboot's `helm template`, so adoption finds nothing to change. Kept out of Git:
-the mirror's login (a Secret; the handoff phase gives Argo CD its own copy) and Node labels
-(Nodes belong to the kubelet; gpuboot keeps labelling its nodes)."""
+the mirror's login (a Secret; the handoff phase gives Argo CD its own copy), Node labels
+(Nodes belong to the kubelet; gpuboot keeps labelling its nodes) and the Network Operator's
+trust of the mirror's CA (fields added to the chart's own Deployment under their own field
+manager: in Git beside the chart it would be a second, partial copy of that Deployment)."""
 from __future__ import annotations
 
 import json
@@ -35,7 +37,7 @@ ARGOCD_NAMESPACE = "argocd"
 IN_CLUSTER = "https://kubernetes.default.svc"
 PLATFORM_PROJECT = "platform"
 # Files of an add-on's directory that stay with gpuboot (see the module's docstring).
-KEPT_BY_GPUBOOT = frozenset({"values.yaml", "mirror-access.yaml", "node-labels.yaml"})
+KEPT_BY_GPUBOOT = frozenset({"values.yaml", "mirror-access.yaml", "node-labels.yaml", "operator-trust.yaml"})
 # A tenant's own Applications may not touch what bounds it.
 TENANT_GUARDRAILS = (("", "ResourceQuota"), ("", "LimitRange"), ("networking.k8s.io", "NetworkPolicy"),
                      ("rbac.authorization.k8s.io", "RoleBinding"), ("rbac.authorization.k8s.io", "Role"))

@@ -12,14 +12,23 @@ double hardware (tests/doubles/hardware, the same tree preflight read):
 - per SriovNetworkNodePolicy, numVfs x the PFs its nicSelector takes on each node it selects
   (more VFs than sriov_totalvfs fails that node's SriovNetworkNodeState, as the config daemon
   would), advertised under the operator's resource prefix;
+- the operator's own lookup of the DOCA driver's tags (pkg/docadriverimages in v25.4.0): a real
+  tag list from the registry the policy names, with the pull secrets it names and only the trust
+  Go would have in the operator's container (SSL_CERT_DIR directories mounted from ConfigMaps;
+  the lab mirror's CA is in no system store). A failed lookup knows no tag: a precompiled driver
+  is then "not found" (forcePrecompiled: the policy is not ready, with the operator's message),
+  else the build-on-node image is used; a found precompiled tag is used even when not forced;
 - NicClusterPolicy status.state ready once every component DaemonSet is ready;
 - Multus' network-status on a pod that names a network gpuboot declared: an address from its
   IPPool, as Multus and nv-ipam would write it."""
 from __future__ import annotations
 
+import base64
 import importlib.util
 import ipaddress
 import json
+import ssl
+import urllib.request
 from pathlib import Path
 
 from tests.doubles.controller import DoubleController
@@ -30,6 +39,7 @@ hw = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hw)
 
 NAMESPACE = "nvidia-network-operator"
+OPERATOR = "network-operator"  # the chart's Deployment and container (named after the chart)
 NETWORKS = (("sriovnetworks.sriovnetwork.openshift.io", True), ("sriovibnetworks.sriovnetwork.openshift.io", True),
             ("macvlannetworks.mellanox.com", False), ("ipoibnetworks.mellanox.com", False))
 LINK = {"eth": "ether", "ib": "infiniband"}
@@ -44,6 +54,64 @@ class DoubleNetworkOperator(DoubleController):
         super().__init__(kubectl, kubeconfig)
         self.hardware, self.resource_prefix = hardware, resource_prefix
         self.ports = {node: hw.net_ports(str(facts["sys_root"])) for node, facts in hardware.items()}
+        # The last tag lookup, for the test to read: {"repository", "tags" (None: failed), "error"}.
+        self.lookup: dict = {}
+        self._looked: tuple | None = None
+
+    # -- the operator's DOCA tag lookup ------------------------------------------------
+    def _trusted_pems(self) -> list[str]:
+        """The certificates Go's x509 would add in the operator's container: every file of an
+        SSL_CERT_DIR directory that a ConfigMap volume is mounted on."""
+        deployment = self._get("deployment", OPERATOR, "-n", NAMESPACE)
+        if deployment is None:
+            return []
+        pod = deployment["spec"]["template"]["spec"]
+        container = next((c for c in pod["containers"] if c["name"] == OPERATOR), None)
+        if container is None:
+            return []
+        dirs = next((e.get("value", "") for e in container.get("env") or [] if e["name"] == "SSL_CERT_DIR"), "")
+        mounts = {m["mountPath"].rstrip("/"): m["name"] for m in container.get("volumeMounts") or []}
+        volumes = {v["name"]: v for v in pod.get("volumes") or []}
+        pems = []
+        for directory in filter(None, dirs.split(":")):
+            volume = volumes.get(mounts.get(directory.rstrip("/"), ""), {})
+            if "configMap" in volume:
+                config_map = self._get("configmap", volume["configMap"]["name"], "-n", NAMESPACE) or {}
+                pems += [v for v in (config_map.get("data") or {}).values() if "BEGIN CERTIFICATE" in v]
+        return pems
+
+    def _auth(self, host: str, secret_names: list[str]) -> str | None:
+        for name in secret_names:
+            secret = self._get("secret", name, "-n", NAMESPACE)
+            if secret is None:
+                continue  # the operator skips a pull secret that does not exist
+            config = json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))
+            if host in config.get("auths", {}):
+                return config["auths"][host]["auth"]
+        return None
+
+    def doca_tags(self, driver: dict) -> list[str] | None:
+        """The DOCA driver repository's tags as the operator lists them; None when it cannot."""
+        host, _, path = driver["repository"].partition("/")
+        repository = f"{path}/{driver['image']}" if path else driver["image"]
+        pems = self._trusted_pems()
+        secrets = list(driver.get("imagePullSecrets") or [])
+        key = (driver["repository"], driver["image"], tuple(secrets), tuple(pems))
+        if key == self._looked:
+            return self.lookup.get("tags")
+        context = ssl.create_default_context(cadata="\n".join(pems)) if pems else ssl.create_default_context()
+        request = urllib.request.Request(f"https://{host}/v2/{repository}/tags/list")
+        auth = self._auth(host, secrets)
+        if auth:
+            request.add_header("Authorization", f"Basic {auth}")
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+                tags, error = json.load(answer).get("tags") or [], None
+        except (OSError, ValueError) as exc:  # TLS, auth, network: the operator logs and knows no tag
+            tags, error = None, f"failed to list tags: {exc}"
+        self.lookup = {"repository": f"{host}/{repository}", "tags": tags, "error": error}
+        self._looked = key
+        return tags
 
     def _items(self, *args: str) -> list[dict]:
         return (self._get(*args) or {"items": []})["items"]
@@ -128,12 +196,20 @@ class DoubleNetworkOperator(DoubleController):
             if body:
                 objects.append(self._daemonset(name, f"{body['repository']}/{body['image']}:{body['version']}", policy))
         driver = spec["ofedDriver"]
+        known = self.doca_tags(driver) or []
+        missing = []
         for node, facts in self.hardware.items():
             labels = (nodes.get(node) or {}).get("metadata", {}).get("labels", {})
             if node not in nodes or not self._selected(policy, labels):
                 continue
-            tag = (f"{driver['version']}-{facts['kernel']}-{facts['os_tag']}-{facts['arch']}"
-                   if driver.get("forcePrecompiled") else f"{driver['version']}-{facts['os_tag']}-{facts['arch']}")
+            precompiled = f"{driver['version']}-{facts['kernel']}-{facts['os_tag']}-{facts['arch']}"
+            if precompiled in known:
+                tag = precompiled
+            elif driver.get("forcePrecompiled"):
+                missing.append(f"ForcePrecompiled is enabled and precompiled tag was not found: {precompiled}")
+                continue
+            else:
+                tag = f"{driver['version']}-{facts['os_tag']}-{facts['arch']}"
             objects.append(self._daemonset(f"mofed-{node}", f"{driver['repository']}/{driver['image']}:{tag}", policy, node))
             resources, errors = self.resources(node, labels, policy, sriov)
             current = {k: v for k, v in (nodes[node].get("status", {}).get("capacity") or {}).items()
@@ -152,9 +228,11 @@ class DoubleNetworkOperator(DoubleController):
                     and ds["status"].get("numberReady", 0) == ds["status"]["desiredNumberScheduled"]
                     for ds in self._items("daemonsets", "-n", NAMESPACE)
                     if ds["metadata"]["name"] in {o["metadata"]["name"] for o in objects})
-        state = "ready" if ready else "notReady"
-        if (policy.get("status") or {}).get("state") != state:
-            self._status("nicclusterpolicies.mellanox.com", "nic-cluster-policy", body={"state": state})
+        state = "ready" if ready and not missing else "notReady"
+        status = {"state": state, "appliedStates": [{"name": "state-OFED", "state": "error" if missing else
+                                                     ("ready" if ready else "notReady"), "message": "; ".join(missing)}]}
+        if {k: (policy.get("status") or {}).get(k) for k in status} != status:
+            self._status("nicclusterpolicies.mellanox.com", "nic-cluster-policy", body=status)
         self.attach()
         return state
 
