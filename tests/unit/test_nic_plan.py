@@ -138,3 +138,22 @@ def test_management_and_storage_ports_make_no_objects(tmp_path):
     from gpuboot.phases.catalog import UP
     phase = next(p for p in UP if p.name == "network_operator")
     assert phase.idle(cluster) == "no node declares fabric NICs (RDMA or SR-IOV)"
+
+
+def test_an_rdma_bandwidth_test_per_infiniband_group_on_two_nodes(tmp_path):
+    # The HGX nodes are GPU workers: the test moves GPU memory on both ends (DMA-BUF). The RoCE
+    # group gets none (ib_write_bw there needs each pod's RoCE v2 GID index).
+    plan = load_cluster(FLEET).nic_plan.as_data()
+    assert plan["bandwidth_tests"] == [{"name": "rdma-bw-ib-fabric", "group": "ib-fabric", "server": "hgx01",
+                                        "client": "hgx02", "resource": "nvidia.com/ib_vf", "gpudirect": True}]
+    assert "bandwidthTest" in plan["operands"]
+    # Plain workers over the shared ports: host memory, the shared resource. A group on one
+    # node has no pair; VFs for vfio-pci carry no RDMA.
+    plan = load_cluster(fleet(tmp_path, nics_a="""\
+        - {name: ib, pf_names: [ibp24s0], link_type: ib, mode: rdma_shared, resource_name: nvidia.com/ib_shared}
+        - {name: dpdk, pf_names: [ens5f0np0], link_type: eth, num_vfs: 4, device_type: vfio-pci,
+           rdma: false, resource_name: nvidia.com/dpdk_vf}
+        """, nics_b="- {name: solo, pf_names: [ibp41s0], link_type: ib, num_vfs: 2, resource_name: nvidia.com/solo_vf}\n"
+    )).nic_plan.as_data()
+    assert plan["bandwidth_tests"] == [{"name": "rdma-bw-ib", "group": "ib", "server": "node-a1", "client": "node-a2",
+                                        "resource": "nvidia.com/ib_shared", "gpudirect": False}]
