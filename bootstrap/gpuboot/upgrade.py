@@ -5,19 +5,30 @@ first control plane with `kubeadm upgrade apply`, the other control planes one a
 `kubeadm upgrade node`, then the workers: a canary batch, then batches) and the batches
 themselves are computed here, printed by `--plan`, and handed to the playbooks as data. The
 hosts' own checks (versions and skew, node readiness, etcd members, PodDisruptionBudgets)
-run on the first control plane in the upgrade_preflight phase."""
+run on the first control plane in the upgrade_preflight phase.
+
+GPU drivers are not gpuboot's to restart: where the target release moves the driver of GPU
+nodes whose driver the GPU Operator manages, the last phase applies the operator's values at
+the target release and follows the operator's own upgrade controller (node label
+nvidia.com/gpu-driver-upgrade-state) until every such node is done, or stops at one that failed."""
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
 
-from gpuboot import matrix
+from gpuboot import gpu_plan, matrix
 from gpuboot.config.model import Cluster
 from gpuboot.errors import MatrixError, UpgradeRefused, UsageError
 
 DEFAULT_DRAIN_TIMEOUT = 300
 DEFAULT_GATE_TIMEOUT = 300
+# A driver container builds its modules on the node (minutes each) and the operator upgrades
+# a few nodes at a time: the whole fleet's driver upgrade gets this long.
+DEFAULT_DRIVER_TIMEOUT = 3600
+# The phases of an upgrade that move Kubernetes, and the one that moves GPU drivers.
+KUBERNETES_PHASES = ("upgrade_control_planes", "upgrade_workers")
+DRIVER_PHASE = "upgrade_gpu_driver"
 _BATCH = re.compile(r"^(\d+)(%?)$")
 
 
@@ -61,6 +72,41 @@ class Step:
 
 
 @dataclass(frozen=True)
+class DriverChange:
+    """A GPU node whose operator-managed driver the target release moves. `from_tag`/`to_tag`
+    are how the driver image's tag starts: `<version>` for a driver container
+    (`<version>-<os tag>`), `<branch>` for a precompiled one (`<branch>-<kernel>-<os tag>`)."""
+
+    node: str
+    kind: str
+    from_tag: str
+    to_tag: str
+
+
+def _driver_tag(release: matrix.Release, kind: str) -> str:
+    gpu = (release.model_extra or {}).get("gpu_operator") or {}
+    key = "driver_branch" if kind == "precompiled" else "driver_version"
+    if not gpu.get(key):
+        raise MatrixError(f"release {release.name} names no gpu_operator.{key}",
+                          hint=f"add gpu_operator.{key} to mirror/releases/{release.name}.yml")
+    return str(gpu[key])
+
+
+def driver_changes(cluster: Cluster, current: matrix.Release, target: matrix.Release) -> tuple[DriverChange, ...]:
+    """GPU nodes whose driver image the target release changes (preinstalled drivers are the
+    host's: never part of an upgrade)."""
+    plan = gpu_plan.resolve(cluster.settings, target, cluster.nodes)
+    changes = []
+    for name, node in plan.nodes.items():
+        if node.driver == "preinstalled":
+            continue
+        have, want = _driver_tag(current, node.driver), _driver_tag(target, node.driver)
+        if have != want:
+            changes.append(DriverChange(name, node.driver, have, want))
+    return tuple(changes)
+
+
+@dataclass(frozen=True)
 class UpgradePlan:
     cluster: str
     from_release: str
@@ -74,6 +120,14 @@ class UpgradePlan:
     drain_timeout: int
     gate_timeout: int
     resume: bool
+    gpu_drivers: tuple[DriverChange, ...] = ()
+    driver_timeout: int = DEFAULT_DRIVER_TIMEOUT
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """The upgrade phases this plan runs (the driver phase only where a driver moves)."""
+        return ("upgrade_preflight", "etcd_snapshot", *KUBERNETES_PHASES,
+                *((DRIVER_PHASE,) if self.gpu_drivers else ()))
 
     def node_steps(self) -> list[str]:
         """What every node goes through, in order (a node already at the target is only gated)."""
@@ -99,6 +153,11 @@ class UpgradePlan:
         for index, batch in enumerate(self.batches, 1):
             label = "canary" if index == 1 and self.canary else f"batch {index - (1 if self.canary else 0)}"
             steps += [Step(node, label, "kubeadm upgrade node") for node in batch]
+        steps += [Step(c.node, "GPU driver", f"{c.kind} driver {c.from_tag} -> {c.to_tag} by the GPU Operator's "
+                                             "upgrade controller (its upgradePolicy cordons, drains and restarts "
+                                             "the driver; gpuboot follows nvidia.com/gpu-driver-upgrade-state and "
+                                             f"stops at upgrade-failed; {self.driver_timeout} s at most in all)")
+                  for c in self.gpu_drivers]
         return steps
 
     def as_data(self) -> dict:
@@ -106,7 +165,8 @@ class UpgradePlan:
         return {"from_release": self.from_release, "to_release": self.to_release,
                 "from_version": self.from_version, "version": self.to_version,
                 "batches": [list(b) for b in self.batches], "batch_sizes": [len(b) for b in self.batches] or [1],
-                "drain_timeout": self.drain_timeout, "gate_timeout": self.gate_timeout, "resume": self.resume}
+                "drain_timeout": self.drain_timeout, "gate_timeout": self.gate_timeout, "resume": self.resume,
+                "gpu_drivers": {c.node: c.to_tag for c in self.gpu_drivers}, "driver_timeout": self.driver_timeout}
 
 
 def check_path(current: matrix.Release, target: matrix.Release) -> None:
@@ -131,7 +191,7 @@ def check_path(current: matrix.Release, target: matrix.Release) -> None:
 
 def plan_upgrade(cluster: Cluster, to_release: str, *, canary: int = 1, batch: str = "20%",
                  drain_timeout: int = DEFAULT_DRAIN_TIMEOUT, gate_timeout: int = DEFAULT_GATE_TIMEOUT,
-                 resume: bool = False) -> UpgradePlan:
+                 resume: bool = False, driver_timeout: int = DEFAULT_DRIVER_TIMEOUT) -> UpgradePlan:
     current = matrix.load(cluster.settings.release)
     target = matrix.load(to_release)
     check_path(current, target)
@@ -142,13 +202,13 @@ def plan_upgrade(cluster: Cluster, to_release: str, *, canary: int = 1, batch: s
     control_planes = cluster.hosts_matching("control_plane")
     if not control_planes:
         raise UpgradeRefused("the inventory has no control_plane hosts", hint="an upgrade starts at a control plane")
-    if drain_timeout < 30 or gate_timeout < 30:
-        raise UsageError("--drain-timeout and --gate-timeout must be at least 30 seconds")
+    if drain_timeout < 30 or gate_timeout < 30 or driver_timeout < 30:
+        raise UsageError("--drain-timeout, --gate-timeout and --driver-timeout must be at least 30 seconds")
     workers = [h for h in cluster.hosts_matching("workers") if h not in control_planes]
     return UpgradePlan(cluster.settings.cluster_name, current.name, target.name, current.kubernetes.version,
                        target.kubernetes.version, control_planes[0], tuple(control_planes[1:]),
                        tuple(tuple(b) for b in worker_batches(workers, canary, batch)), min(canary, len(workers)),
-                       drain_timeout, gate_timeout, resume)
+                       drain_timeout, gate_timeout, resume, driver_changes(cluster, current, target), driver_timeout)
 
 
 def _declared_os(cluster: Cluster) -> set[str]:

@@ -70,8 +70,10 @@ def version_problems(nodes, api_pods, wanted_nodes, from_version, version, resum
     behind = [n for n in nodes if n["metadata"]["name"] in wanted_nodes
               and n["status"]["nodeInfo"]["kubeletVersion"] != version]
     if moved and not behind and not any(image_tag(p) != version for p in api_pods):
-        problems.append(f"the cluster already runs {version}: set gpuboot.release in the inventory to the release "
-                        "it runs")
+        # Resuming past the Kubernetes part (the GPU drivers were left to finish) is allowed.
+        if not resume:
+            problems.append(f"the cluster already runs {version}: set gpuboot.release in the inventory to the "
+                            f"release it runs (or continue a stopped upgrade with --resume)")
     elif moved and not resume:
         problems.append(f"an upgrade to {version} is in progress ({', '.join(moved)} already there): "
                         "continue it with --resume")

@@ -95,12 +95,26 @@ def test_addons_are_what_up_applies(case: str, tmp_path: Path):
 
 
 def _install_chart_vars(playbook: Path) -> dict:
-    for play in yaml.safe_load(playbook.read_text()):
-        for task in play.get("tasks") or []:
-            for inner in [task, *(task.get("block") or [])]:
-                if inner.get("ansible.builtin.include_tasks") == "tasks/install_chart.yml":
-                    return inner["vars"]
-    raise AssertionError(f"{playbook} does not include tasks/install_chart.yml")
+    """The variables the phase hands tasks/install_chart.yml (directly, or through a tasks file
+    of its own that includes it)."""
+    found = _included(playbook.parent, [t for play in yaml.safe_load(playbook.read_text())
+                                        for t in play.get("tasks") or []])
+    if found is None:
+        raise AssertionError(f"{playbook} does not include tasks/install_chart.yml")
+    return found
+
+
+def _included(playbooks: Path, tasks: list[dict]) -> dict | None:
+    for task in tasks:
+        for inner in [task, *(task.get("block") or [])]:
+            target = inner.get("ansible.builtin.include_tasks")
+            if target in ("tasks/install_chart.yml", "install_chart.yml"):
+                return inner["vars"]
+            if target:
+                found = _included(playbooks, yaml.safe_load((playbooks / "tasks" / Path(target).name).read_text()))
+                if found is not None:
+                    return found
+    return None
 
 
 def test_secrets_and_gpuboots_own_objects_stay_out(tmp_path: Path):

@@ -144,7 +144,7 @@ def test_mixed_driver_kinds_get_one_nvidiadriver_each(rendered):
     assert values["driver"]["nvidiaDriverCRD"] == {"enabled": True, "deployDefaultCR": False}
     drivers = [d for d in yaml.safe_load_all((addons / "gpu-operator" / "nvidia-drivers.yaml").read_text()) if d]
     assert [(d["metadata"]["name"], d["spec"]["usePrecompiled"], d["spec"]["version"]) for d in drivers] == [
-        ("gpuboot-container", False, "570.158.01"), ("gpuboot-precompiled", True, "570")]
+        ("gpuboot-container", False, "570.172.08"), ("gpuboot-precompiled", True, "570")]
     labels = node_labels(addons)
     assert labels["h100-02"]["gpuboot.io/gpu-driver"] == "container"
     assert labels["dgx-01"] == {"nvidia.com/device-plugin.config": "default", "nvidia.com/gpu.deploy.driver": "false",

@@ -124,8 +124,11 @@ def test_before_checks_versions_skew_and_an_upgrade_in_progress():
     assert moved == ["an upgrade to v1.35.4 is in progress (cp1 kubelet already there): continue it with --resume"]
     assert check.version_problems([node("cp1", b), node("w1", a)], api, ["cp1", "w1"], a, b, True) == []
     done = [pod("kube-apiserver-cp1", "cp1", f"m/registry.k8s.io/kube-apiserver:{b}")]
-    assert check.version_problems([node("cp1", b), node("w1", b)], done, ["cp1", "w1"], a, b, True) == [
-        "the cluster already runs v1.35.4: set gpuboot.release in the inventory to the release it runs"]
+    assert check.version_problems([node("cp1", b), node("w1", b)], done, ["cp1", "w1"], a, b, False) == [
+        "the cluster already runs v1.35.4: set gpuboot.release in the inventory to the release it runs (or continue "
+        "a stopped upgrade with --resume)"]
+    # A run stopped after Kubernetes (at the GPU drivers) resumes: the node steps only gate.
+    assert check.version_problems([node("cp1", b), node("w1", b)], done, ["cp1", "w1"], a, b, True) == []
 
 
 def test_etcd_and_pdb_judgement():
@@ -156,3 +159,77 @@ def test_node_gate():
         "kube-system/app-1 is crash-looping (c, 4 restarts)"]
     # Another node's pods are not this node's business.
     assert check.node_gate_problems(node("w2", v), [crash], v, False) == []
+
+
+driver = load_module("gpuboot_driver_upgrade")
+MIXED_DRIVERS = ROOT / "tests" / "corpus" / "gpu" / "mixed_drivers" / "inventory.yml"
+
+
+def test_gpu_drivers_move_only_where_the_operator_manages_them_and_the_release_changes_them(tmp_path, capsys):
+    # The mixed-drivers fleet at the release before: a driver container on h100-02, precompiled
+    # on h100-01 (same branch in both releases: its tag does not move), the host's on dgx-01.
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(MIXED_DRIVERS.read_text().replace("release: k8s-1.35", "release: k8s-1.34"))
+    plan = plan_upgrade(load_cluster(str(inventory)), "k8s-1.35", driver_timeout=900)
+    assert [(c.node, c.kind, c.from_tag, c.to_tag) for c in plan.gpu_drivers] == [
+        ("h100-02", "container", "570.158.01", "570.172.08")]
+    assert plan.phases[-1] == "upgrade_gpu_driver"
+    assert plan.as_data()["gpu_drivers"] == {"h100-02": "570.172.08"} and plan.as_data()["driver_timeout"] == 900
+    assert run(["upgrade", str(inventory), "--to", "k8s-1.35", "--plan"]) == 0
+    said = capsys.readouterr().out
+    assert "h100-02  GPU driver     container driver 570.158.01 -> 570.172.08 by the GPU Operator's upgrade " \
+           "controller" in said
+    assert "h100-01  GPU driver" not in said and "dgx-01   GPU driver" not in said
+    # The sample's drivers are precompiled, and the branch stays: no driver phase.
+    assert "upgrade_gpu_driver" not in plan_upgrade(load_cluster(str(SAMPLE)), "k8s-1.35").phases
+    with pytest.raises(UsageError, match="driver-timeout"):
+        plan_upgrade(load_cluster(str(inventory)), "k8s-1.35", driver_timeout=5)
+
+
+def gpu_node(name: str, state: str = "", skip: bool = False) -> dict:
+    labels = {"nvidia.com/gpu-driver-upgrade-state": state} if state else {}
+    if skip:
+        labels["nvidia.com/gpu-driver-upgrade.skip"] = "true"
+    return {"metadata": {"name": name, "labels": labels}, "spec": {}, "status": {}}
+
+
+def driver_pod(node_name: str, tag: str, ready: bool = True, waiting: str | None = None, app: str =
+               "nvidia-driver-daemonset") -> dict:
+    found = pod(f"{app}-{node_name}", node_name, f"nvcr.io/nvidia/driver:{tag}", ready=ready, waiting=waiting)
+    found["metadata"]["labels"] = {"app": app}
+    return found
+
+
+def test_driver_upgrade_judgement_follows_the_operators_labels_and_the_driver_pod():
+    wanted = {"g1": "570.172.08", "g2": "570.172.08", "g3": "570"}
+    nodes = [gpu_node("g1", "upgrade-done"), gpu_node("g2", "pod-restart-required"), gpu_node("g3", "upgrade-done")]
+    pods = [driver_pod("g1", "570.172.08-ubuntu22.04"), driver_pod("g2", "570.158.01-ubuntu22.04"),
+            # A precompiled driver of NVIDIADriver objects: <branch>-<kernel>-<os tag>.
+            {**driver_pod("g3", "570-5.15.0-1048-nvidia-ubuntu22.04", app="nvidia-gpu-driver-ubuntu22.04-7c6d")}]
+    found = driver.judge(nodes, pods, wanted)
+    assert found["g1"] == ("done", "driver 570.172.08-ubuntu22.04 ready")
+    assert found["g2"][0] == "waiting" and "state pod-restart-required" in found["g2"][1] and \
+        "runs 570.158.01-ubuntu22.04" in found["g2"][1]
+    assert found["g3"][0] == "done"
+    # Still at the old driver although the operator says done (it has not seen the new version
+    # yet): waiting, never done. A tag that only starts alike is not the version.
+    assert driver.judge([gpu_node("g1", "upgrade-done")], [driver_pod("g1", "570.158.01-ubuntu22.04")],
+                        {"g1": "570.158"})["g1"][0] == "waiting"
+    # The new pod exists but is not ready yet.
+    assert driver.judge([gpu_node("g1", "validation-required")], [driver_pod("g1", "570.172.08-ubuntu22.04",
+                                                                             ready=False)], wanted)["g1"][0] == "waiting"
+    # Failed: named with the driver pod's own reason; skipped: reported, not waited for.
+    failed = driver.judge([gpu_node("g2", "upgrade-failed"), gpu_node("g1", skip=True)],
+                          [driver_pod("g2", "570.172.08-ubuntu22.04", ready=False, waiting="CrashLoopBackOff"),
+                           driver_pod("g1", "570.158.01-ubuntu22.04")], wanted)
+    assert failed["g2"] == ("failed", "nvidia.com/gpu-driver-upgrade-state=upgrade-failed; driver pod "
+                                      "nvidia-driver-daemonset-g2: CrashLoopBackOff")
+    assert failed["g1"][0] == "skipped" and "keeps driver 570.158.01-ubuntu22.04" in failed["g1"][1]
+    assert driver.judge([], [], {"g9": "1"})["g9"] == ("waiting", "not in the cluster")
+    message = driver.failure_message(failed, 12, 600, "gpu-operator", "gpuboot upgrade inv.yml --to k8s-1.35 --resume")
+    assert message.startswith("the GPU Operator's driver upgrade failed on g2:")
+    assert "nvidia.com/gpu-driver-upgrade-state=upgrade-required to retry" in message
+    assert message.endswith("gpuboot upgrade inv.yml --to k8s-1.35 --resume")
+    late = driver.failure_message({"g2": found["g2"], "g1": found["g1"]}, 601, 600, "gpu-operator", "R")
+    assert "not all upgraded after 601 s (timeout 600 s)" in late and "- g2: state pod-restart-required" in late
+    assert "- g1" not in late

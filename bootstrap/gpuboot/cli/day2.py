@@ -12,7 +12,7 @@ from gpuboot.cli.main import App, _mirror_preflight, _run, cli, inventory_arg, p
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import UsageError
 from gpuboot.phases.catalog import ETCD_RESTORE, ETCD_SNAPSHOT, NODE_REMOVE, RESET, UPGRADE
-from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_GATE_TIMEOUT, plan_upgrade
+from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_DRIVER_TIMEOUT, DEFAULT_GATE_TIMEOUT, plan_upgrade
 
 
 @cli.command()
@@ -27,29 +27,34 @@ from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_GATE_TIMEOUT, plan_up
               help="Seconds a node's drain may take before the node is uncordoned and the run stops.")
 @click.option("--gate-timeout", type=int, default=DEFAULT_GATE_TIMEOUT, show_default=True,
               help="Seconds an upgraded node has to pass its gate.")
+@click.option("--driver-timeout", type=int, default=DEFAULT_DRIVER_TIMEOUT, show_default=True,
+              help="Seconds the GPU Operator has to move every GPU node's driver, where the release changes it.")
 @click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
 @click.option("--skip-mirror-check", is_flag=True, help="Do not check that the mirror holds the target release (logged).")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text")
 @pass_app
 def upgrade(app: App, inventory: str, to_release: str, show_plan: bool, canary: int, batch: str, resume: bool,
-            drain_timeout: int, gate_timeout: int, insecure_skip_host_key_check: bool, skip_mirror_check: bool,
-            output: str) -> None:
+            drain_timeout: int, gate_timeout: int, driver_timeout: int, insecure_skip_host_key_check: bool,
+            skip_mirror_check: bool, output: str) -> None:
     """Upgrade the cluster's Kubernetes to another release of the matrix: an etcd snapshot, the
-    control planes one at a time, then the workers (canary, batches), each node gated."""
+    control planes one at a time, then the workers (canary, batches), each node gated; then,
+    where the release moves them, the GPU drivers through the GPU Operator's upgrade controller."""
     cluster = load_cluster(inventory, check_files=not show_plan)
     plan = plan_upgrade(cluster, to_release, canary=canary, batch=batch, drain_timeout=drain_timeout,
-                        gate_timeout=gate_timeout, resume=resume)
+                        gate_timeout=gate_timeout, resume=resume, driver_timeout=driver_timeout)
     if show_plan:
         _print_plan(app, plan, output)
         return
     target = cluster.at_release(plan.to_release)
-    _mirror_preflight(app, target, UPGRADE, skip_mirror_check)
+    phases = [p for p in UPGRADE if p.name in plan.phases]
+    resume = f"gpuboot upgrade {inventory} --to {to_release} --resume"
+    _mirror_preflight(app, target, phases, skip_mirror_check)
     state = app.cluster_state(cluster)
-    _run(app, target, list(UPGRADE), output, check=False, diff=False, force=True,
+    _run(app, target, phases, output, check=False, diff=False, force=True,
          host_key_checking=not insecure_skip_host_key_check, command="upgrade",
-         extravars={"gpuboot_upgrade": plan.as_data(),
+         extravars={"gpuboot_upgrade": plan.as_data() | {"resume_command": resume},
                     "gpuboot_etcd_snapshot_dir": str(state.root / "etcd-snapshots")},
-         resume_hint=f"gpuboot upgrade {inventory} --to {to_release} --resume")
+         resume_hint=resume)
     message = (f"cluster {plan.cluster} runs {plan.to_version}. Now set gpuboot.release: {plan.to_release} in "
                f"{inventory}: until then `gpuboot up` refuses to run (it would move the packages back).")
     if output == "json":

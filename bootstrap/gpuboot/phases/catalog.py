@@ -222,6 +222,10 @@ UPGRADE: tuple[Phase, ...] = (
           pulls=("kubernetes",), installs_packages=True),
     Phase("upgrade_workers", "Workers: canary, then batches", "upgrade_workers.yml",
           pulls=("kubernetes",), installs_packages=True),
+    # Only where the target release moves an operator-managed GPU driver (the plan says so):
+    # the operator's upgrade controller does the node work, gpuboot follows it.
+    Phase("upgrade_gpu_driver", "GPU drivers, by the GPU Operator", "upgrade_gpu_driver.yml",
+          pulls=("gpu_operator",), idle_when=_no_gpus),
 )
 
 # `gpuboot etcd snapshot` and `gpuboot etcd restore`: actions, run whenever asked.
