@@ -23,6 +23,9 @@ from gpuboot.errors import MatrixError, UpgradeRefused, UsageError
 
 DEFAULT_DRAIN_TIMEOUT = 300
 DEFAULT_GATE_TIMEOUT = 300
+# How long an upgraded node must stay healthy before its gate passes: its pods come back after
+# the uncordon, and one that cannot run on the new version shows it only after a restart.
+DEFAULT_GATE_SETTLE = 15
 # A driver container builds its modules on the node (minutes each) and the operator upgrades
 # a few nodes at a time: the whole fleet's driver upgrade gets this long.
 DEFAULT_DRIVER_TIMEOUT = 3600
@@ -122,6 +125,7 @@ class UpgradePlan:
     resume: bool
     gpu_drivers: tuple[DriverChange, ...] = ()
     driver_timeout: int = DEFAULT_DRIVER_TIMEOUT
+    gate_settle: int = DEFAULT_GATE_SETTLE
 
     @property
     def phases(self) -> tuple[str, ...]:
@@ -137,7 +141,8 @@ class UpgradePlan:
                 f"kubeadm {v} from the mirror (held)", "its kubeadm upgrade (the step above)",
                 f"kubelet and kubectl {v} from the mirror (held)", "kubelet restarted", "uncordon",
                 f"gate ({self.gate_timeout} s at most): API /readyz through the endpoint, node Ready at {v}, "
-                f"static pods at {v} on a control plane, every etcd member healthy, no crash-looping pod on the node"]
+                f"static pods at {v} on a control plane, every etcd member healthy, no crash-looping pod on the node, "
+                f"all of it holding for {self.gate_settle} s"]
 
     def steps(self) -> list[Step]:
         v = self.to_version
@@ -165,7 +170,8 @@ class UpgradePlan:
         return {"from_release": self.from_release, "to_release": self.to_release,
                 "from_version": self.from_version, "version": self.to_version,
                 "batches": [list(b) for b in self.batches], "batch_sizes": [len(b) for b in self.batches] or [1],
-                "drain_timeout": self.drain_timeout, "gate_timeout": self.gate_timeout, "resume": self.resume,
+                "drain_timeout": self.drain_timeout, "gate_timeout": self.gate_timeout,
+                "gate_settle": self.gate_settle, "resume": self.resume,
                 "gpu_drivers": {c.node: c.to_tag for c in self.gpu_drivers}, "driver_timeout": self.driver_timeout}
 
 
@@ -191,7 +197,8 @@ def check_path(current: matrix.Release, target: matrix.Release) -> None:
 
 def plan_upgrade(cluster: Cluster, to_release: str, *, canary: int = 1, batch: str = "20%",
                  drain_timeout: int = DEFAULT_DRAIN_TIMEOUT, gate_timeout: int = DEFAULT_GATE_TIMEOUT,
-                 resume: bool = False, driver_timeout: int = DEFAULT_DRIVER_TIMEOUT) -> UpgradePlan:
+                 resume: bool = False, driver_timeout: int = DEFAULT_DRIVER_TIMEOUT,
+                 gate_settle: int = DEFAULT_GATE_SETTLE) -> UpgradePlan:
     current = matrix.load(cluster.settings.release)
     target = matrix.load(to_release)
     check_path(current, target)
@@ -204,11 +211,14 @@ def plan_upgrade(cluster: Cluster, to_release: str, *, canary: int = 1, batch: s
         raise UpgradeRefused("the inventory has no control_plane hosts", hint="an upgrade starts at a control plane")
     if drain_timeout < 30 or gate_timeout < 30 or driver_timeout < 30:
         raise UsageError("--drain-timeout, --gate-timeout and --driver-timeout must be at least 30 seconds")
+    if not 0 <= gate_settle < gate_timeout:
+        raise UsageError(f"--gate-settle {gate_settle} must be 0 or more and shorter than --gate-timeout {gate_timeout}")
     workers = [h for h in cluster.hosts_matching("workers") if h not in control_planes]
     return UpgradePlan(cluster.settings.cluster_name, current.name, target.name, current.kubernetes.version,
                        target.kubernetes.version, control_planes[0], tuple(control_planes[1:]),
                        tuple(tuple(b) for b in worker_batches(workers, canary, batch)), min(canary, len(workers)),
-                       drain_timeout, gate_timeout, resume, driver_changes(cluster, current, target), driver_timeout)
+                       drain_timeout, gate_timeout, resume, driver_changes(cluster, current, target), driver_timeout,
+                       gate_settle)
 
 
 def _declared_os(cluster: Cluster) -> set[str]:

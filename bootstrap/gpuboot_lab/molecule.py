@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,12 +36,30 @@ class ScenarioResult:
     cached: bool = False
 
 
+# A path under tests/ that a scenario's files name (a double it copies in, a helper it runs).
+_TEST_PATH = re.compile(r"tests/(?:doubles|support)/[\w.-]+(?:/[\w.-]+)*")
+
+
+def _test_parts(root: Path, role: str) -> list[Path]:
+    """The test doubles and helpers the role's scenario names: a double's whole folder (it may
+    import its neighbours), a helper file alone. Another role's double is not this one's input."""
+    named: set[Path] = set()
+    for file in sorted((root / "roles" / role / "molecule").rglob("*")):
+        if file.is_file():
+            for match in _TEST_PATH.findall(file.read_text(errors="replace")):
+                path = root / match
+                if match.startswith("tests/doubles/"):
+                    path = root / "/".join(match.split("/")[:3])
+                named.add(path)
+    return sorted(named)
+
+
 def scenario_key(role: str, image: str) -> str:
     """Everything a scenario's outcome depends on: the role with its scenario, the test
-    doubles scenarios copy in, the node image, and the pinned tool versions."""
+    doubles and helpers that scenario names, the node image, and the pinned tool versions."""
     root = content.content_dir()
     digest = hashlib.sha256(f"{role}|{image}".encode())
-    parts = [root / "roles" / role, root / "tests" / "doubles", root / "pyproject.toml", Path(__file__)]
+    parts = [root / "roles" / role, *_test_parts(root, role), root / "pyproject.toml", Path(__file__)]
     for part in parts:
         if not part.exists():
             continue

@@ -15,7 +15,9 @@ description:
   - stage=node (the gate after a node's upgrade, retried until it passes or the timeout) - the
     API answers /readyz through the control-plane endpoint; the node is Ready at the target
     version; on a control plane its static pods run the target images and are ready; every etcd
-    member is healthy; no pod on the node is crash-looping.
+    member is healthy; no pod on the node is crash-looping. It passes only once all of that has
+    held for `settle` seconds: right after the uncordon the node's pods come back, and one that
+    cannot run on the new version shows it only after a start or two.
 options:
   kubeconfig: {type: path, required: true}
   stage: {type: str, required: true, choices: [before, node, etcd]}
@@ -26,6 +28,7 @@ options:
   resume: {type: bool, default: false}
   node: {type: str, default: ""}
   timeout: {type: int, default: 300, description: Seconds the node gate may wait for the node to pass.}
+  settle: {type: int, default: 15, description: Seconds the node gate must hold without a problem before it passes.}
 """
 
 import json
@@ -192,6 +195,7 @@ def main():
         "resume": {"type": "bool", "default": False},
         "node": {"type": "str", "default": ""},
         "timeout": {"type": "int", "default": 300},
+        "settle": {"type": "int", "default": 15},
     }, supports_check_mode=True)
     p = module.params
     kube = Kube(p["kubeconfig"])
@@ -200,9 +204,13 @@ def main():
         waited = 0.0
     else:
         started = time.monotonic()
+        settle = p["settle"] if p["stage"] == "node" else 0
+        healthy_since = None
         while True:
             problems = gate(kube, p) if p["stage"] == "node" else etcd_only(kube, p)
-            if not problems or time.monotonic() - started > p["timeout"]:
+            now = time.monotonic()
+            healthy_since = None if problems else (healthy_since or now)
+            if (healthy_since is not None and now - healthy_since >= settle) or now - started > p["timeout"]:
                 break
             time.sleep(3)
         waited = round(time.monotonic() - started, 1)

@@ -262,6 +262,26 @@ spec:
   minAvailable: 1
   selector: {matchLabels: {app: web}}
 """
+# A workload pinned to the canary (w1) that cannot run: it crash-loops there before the upgrade
+# too (the checks before an upgrade judge the cluster, not each workload), and after the
+# canary's upgrade its pod comes back and crash-loops within the gate's settle time.
+CRASHER = f"""
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: crasher, namespace: upgrade-probe}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: crasher}}}}
+  template:
+    metadata: {{labels: {{app: crasher}}}}
+    spec:
+      nodeSelector: {{kubernetes.io/hostname: {NAME}-w1}}
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: crasher
+          image: registry.k8s.io/e2e-test-images/agnhost:2.53
+          args: [no-such-command]
+"""
 STRICT_BUDGET = """
 apiVersion: policy/v1
 kind: PodDisruptionBudget
@@ -317,10 +337,31 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
     assert not list((cluster["kubeconfig"].parent / "etcd-snapshots").glob("*.db"))
     _apply(cluster, STRICT_BUDGET, "delete")
 
-    # The upgrade itself, while a probe reads through the VIP every 200 ms.
+    # The upgrade itself, while a probe reads through the VIP every 200 ms. A workload that
+    # cannot run on the canary stops the run at the canary's gate: the control planes and the
+    # canary are upgraded, w2 is not touched, and the run says what and how to go on.
+    _apply(cluster, CRASHER)
     t0 = time.monotonic()
     with ApiProbe(cluster["kubeconfig"], ("upgrade-probe", "app=web")) as probe:
-        code = run(["upgrade", inventory, "--to", UPGRADE_TO])
+        code = run(["upgrade", inventory, "--to", UPGRADE_TO, "--gate-timeout", "120"])
+        stopped = capsys.readouterr()
+        assert code == 4, stopped.out[-5000:]
+        said = stopped.out + stopped.err
+        assert f"{NAME}-w1" in said and "upgrade-probe/crasher-" in said and "is crash-looping" in said, said[-5000:]
+        assert f"gpuboot upgrade {inventory} --to {UPGRADE_TO} --resume" in said
+        record = json.loads((cluster["kubeconfig"].parent / "state.json").read_text())["phases"]
+        assert record["upgrade_control_planes"]["status"] == "ok" and record["upgrade_workers"]["status"] == "failed"
+        kubelets = {n["metadata"]["name"]: n["status"]["nodeInfo"]["kubeletVersion"]
+                    for n in json.loads(_kubectl(cluster, "get", "nodes", "-o", "json").stdout)["items"]}
+        assert kubelets == {**{f"{NAME}-{h}": to_version for h in ("cp1", "cp2", "cp3", "w1")},
+                            f"{NAME}-w2": from_version}, kubelets
+        # Without --resume, a second run is refused before it changes anything.
+        assert run(["upgrade", inventory, "--to", UPGRADE_TO]) == 4
+        assert "is in progress" in "".join(capsys.readouterr())
+        # The operator removes the broken workload and continues: the upgraded nodes are only
+        # gated again, w2 is upgraded.
+        _apply(cluster, CRASHER, "delete")
+        code = run(["upgrade", inventory, "--to", UPGRADE_TO, "--resume"])
     took = time.monotonic() - t0
     terminal = capsys.readouterr().out
     assert code == 0, terminal[-5000:]
@@ -353,9 +394,10 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
     assert on_node.stdout.split("\n")[0] == to_version
     assert {"kubeadm", "kubectl", "kubelet"} <= set(on_node.stdout.split("\n")[1].split())
 
-    # The snapshot taken first: on the control machine, private, with what etcdutl read from it.
+    # The snapshot taken first by each run: on the control machine, private, with what etcdutl
+    # read from it; the first holds the cluster as it was before the upgrade.
     snapshots = sorted((cluster["kubeconfig"].parent / "etcd-snapshots").glob("*.db"))
-    assert len(snapshots) == 1 and stat.S_IMODE(snapshots[0].stat().st_mode) == 0o600
+    assert len(snapshots) == 2 and all(stat.S_IMODE(s.stat().st_mode) == 0o600 for s in snapshots)
     status = json.loads(snapshots[0].with_suffix(".json").read_text())["status"]
     assert status["totalKey"] > 100 and status["revision"] > 0 and status["totalSize"] > 0
 

@@ -40,3 +40,30 @@ def test_a_scenario_is_reused_only_while_its_inputs_are_unchanged(tmp_path, monk
     before = molecule.scenario_key("os_prep", "localhost/gpuboot-node:abc")
     verify.write_text(verify.read_text() + "\n# the scenario changed\n")
     assert before != molecule.scenario_key("os_prep", "localhost/gpuboot-node:abc")
+
+
+def test_a_scenario_key_follows_the_doubles_it_names_and_no_other(tmp_path, monkeypatch):
+    """A scenario that copies in a test double is run again when that double changes; an edit
+    to another role's double (or to a double no scenario uses) leaves its pass standing."""
+    import shutil
+
+    from gpuboot_lab import molecule
+    copy = tmp_path / "content"
+    for part in ("playbooks", "mirror"):
+        (copy / part).mkdir(parents=True)
+    source = molecule.content.content_dir()
+    for role in ("kubeadm_join", "os_prep"):
+        shutil.copytree(source / "roles" / role, copy / "roles" / role)
+    shutil.copytree(source / "tests" / "doubles", copy / "tests" / "doubles")
+    monkeypatch.setenv("GPUBOOT_CONTENT_DIR", str(copy))
+    image = "localhost/gpuboot-node:abc"
+    join, prep = molecule.scenario_key("kubeadm_join", image), molecule.scenario_key("os_prep", image)
+    double = copy / "tests" / "doubles" / "kubeadm_join" / "kubeadm"
+    double.write_text(double.read_text() + "\n# the double changed\n")
+    changed = molecule.scenario_key("kubeadm_join", image)
+    assert changed != join
+    assert molecule.scenario_key("os_prep", image) == prep
+    other = copy / "tests" / "doubles" / "gpu_operator" / "operator.py"
+    other.write_text(other.read_text() + "\n# a double no scenario names\n")
+    assert molecule.scenario_key("kubeadm_join", image) == changed
+    assert molecule.scenario_key("os_prep", image) == prep

@@ -12,7 +12,7 @@ from gpuboot.cli.main import App, _mirror_preflight, _run, cli, inventory_arg, p
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import UsageError
 from gpuboot.phases.catalog import ETCD_RESTORE, ETCD_SNAPSHOT, NODE_REMOVE, RESET, UPGRADE
-from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_DRIVER_TIMEOUT, DEFAULT_GATE_TIMEOUT, plan_upgrade
+from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_DRIVER_TIMEOUT, DEFAULT_GATE_SETTLE, DEFAULT_GATE_TIMEOUT, plan_upgrade
 
 
 @cli.command()
@@ -27,6 +27,8 @@ from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_DRIVER_TIMEOUT, DEFAU
               help="Seconds a node's drain may take before the node is uncordoned and the run stops.")
 @click.option("--gate-timeout", type=int, default=DEFAULT_GATE_TIMEOUT, show_default=True,
               help="Seconds an upgraded node has to pass its gate.")
+@click.option("--gate-settle", type=int, default=DEFAULT_GATE_SETTLE, show_default=True,
+              help="Seconds a node's gate must hold without a problem before it passes.")
 @click.option("--driver-timeout", type=int, default=DEFAULT_DRIVER_TIMEOUT, show_default=True,
               help="Seconds the GPU Operator has to move every GPU node's driver, where the release changes it.")
 @click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
@@ -34,14 +36,15 @@ from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_DRIVER_TIMEOUT, DEFAU
 @click.option("--output", type=click.Choice(["text", "json"]), default="text")
 @pass_app
 def upgrade(app: App, inventory: str, to_release: str, show_plan: bool, canary: int, batch: str, resume: bool,
-            drain_timeout: int, gate_timeout: int, driver_timeout: int, insecure_skip_host_key_check: bool,
+            drain_timeout: int, gate_timeout: int, gate_settle: int, driver_timeout: int, insecure_skip_host_key_check: bool,
             skip_mirror_check: bool, output: str) -> None:
     """Upgrade the cluster's Kubernetes to another release of the matrix: an etcd snapshot, the
     control planes one at a time, then the workers (canary, batches), each node gated; then,
     where the release moves them, the GPU drivers through the GPU Operator's upgrade controller."""
     cluster = load_cluster(inventory, check_files=not show_plan)
     plan = plan_upgrade(cluster, to_release, canary=canary, batch=batch, drain_timeout=drain_timeout,
-                        gate_timeout=gate_timeout, resume=resume, driver_timeout=driver_timeout)
+                        gate_timeout=gate_timeout, resume=resume, driver_timeout=driver_timeout,
+                        gate_settle=gate_settle)
     if show_plan:
         _print_plan(app, plan, output)
         return
