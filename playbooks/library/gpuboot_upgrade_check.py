@@ -131,10 +131,38 @@ def node_gate_problems(node, pods, version, control_plane):
             if not pod_ready(pod):
                 problems.append(f"{component}-{name} is not ready: {pod_problem(pod)}")
     for pod in mine:
-        for status in pod["status"].get("containerStatuses", []):
-            if status.get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff":
-                problems.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']} is crash-looping "
-                                f"({status['name']}, {status.get('restartCount', 0)} restarts)")
+        problems += pod_gate_problems(pod)
+    return problems
+
+
+# A container that cannot start or keeps stopping, in the kubelet's words.
+FAILING = ("CrashLoopBackOff", "RunContainerError", "CreateContainerError", "CreateContainerConfigError",
+           "ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+STARTING = ("ContainerCreating", "PodInitializing")
+
+
+def pod_gate_problems(pod):
+    """A pod of the node keeps the gate shut while it is still starting (after the uncordon the
+    node's pods come back, and one that cannot run on the new version shows it only once it has
+    started), or while a container of it fails."""
+    if pod["status"].get("phase") not in ("Pending", "Running"):
+        return []
+    where = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+    statuses = pod["status"].get("containerStatuses") or []
+    if not statuses:
+        return [f"{where} is still starting"]
+    problems = []
+    for status in statuses:
+        if status.get("ready"):
+            continue
+        state, last = status.get("state") or {}, (status.get("lastState") or {}).get("terminated") or {}
+        waiting = (state.get("waiting") or {}).get("reason")
+        stopped = state.get("terminated") or {}
+        if waiting in FAILING or stopped.get("exitCode", 0) != 0 or (waiting and last.get("exitCode", 0) != 0):
+            problems.append(f"{where} is crash-looping ({status['name']}, {status.get('restartCount', 0)} restarts"
+                            f"{', ' + waiting if waiting else ''})")
+        elif waiting in STARTING:
+            problems.append(f"{where} is still starting ({status['name']}: {waiting})")
     return problems
 
 

@@ -156,7 +156,26 @@ def test_node_gate():
     assert "kube-scheduler-cp1 runs v1.34.4, not v1.35.4" in problems and "etcd-cp1 is not running" in problems
     crash = pod("app-1", "w1", "img:1", ready=False, waiting="CrashLoopBackOff")
     assert check.node_gate_problems(node("w1", v), [crash], v, False) == [
-        "kube-system/app-1 is crash-looping (c, 4 restarts)"]
+        "kube-system/app-1 is crash-looping (c, 4 restarts, CrashLoopBackOff)"]
+    # After the uncordon the node's pods come back: one still starting keeps the gate shut, and
+    # one that stopped with an error counts before the kubelet calls it a crash loop.
+    creating = pod("app-2", "w1", "img:1", ready=False, waiting="ContainerCreating")
+    creating["status"]["containerStatuses"][0]["restartCount"] = 0
+    unbound = {"metadata": {"name": "app-3", "namespace": "web"}, "spec": {"nodeName": "w1"},
+               "status": {"phase": "Pending"}}
+    exited = pod("app-4", "w1", "img:1", ready=False)
+    exited["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": 1, "reason": "Error"}}
+    backing_off = pod("app-5", "w1", "img:1", ready=False, waiting="ImagePullBackOff")
+    assert check.node_gate_problems(node("w1", v), [creating, unbound, exited, backing_off], v, False) == [
+        "kube-system/app-2 is still starting (c: ContainerCreating)", "web/app-3 is still starting",
+        "kube-system/app-4 is crash-looping (c, 0 restarts)",
+        "kube-system/app-5 is crash-looping (c, 4 restarts, ImagePullBackOff)"]
+    # A finished pod, and a ready one that restarted long ago, are no problem.
+    done = pod("job-1", "w1", "img:1", ready=False)
+    done["status"]["phase"] = "Succeeded"
+    veteran = pod("app-6", "w1", "img:1")
+    veteran["status"]["containerStatuses"][0]["restartCount"] = 9
+    assert check.node_gate_problems(node("w1", v), [done, veteran], v, False) == []
     # Another node's pods are not this node's business.
     assert check.node_gate_problems(node("w2", v), [crash], v, False) == []
 
