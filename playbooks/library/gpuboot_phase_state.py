@@ -9,15 +9,16 @@ description:
   - C(record) writes /var/lib/gpuboot/phases/<phase>.json with the phase's input fingerprint,
     the machine-id and the checksum of every file the phase owns.
   - C(probe) checks that the record exists for the same fingerprint and machine-id, that
-    every recorded file still has its checksum, that every C(present) path exists and that
-    every service is active. It changes nothing.
+    every recorded file still has its checksum, that every C(present) path exists, that every
+    service is active and that no file of C(modes) is looser than the CIS item it answers
+    (module_utils gpuboot_file_modes). It changes nothing.
 options:
   state: {type: str, required: true, choices: [record, probe]}
   phases:
     type: list
     elements: dict
     required: true
-    description: "Each: name, fingerprint, files (globs), present (paths), services."
+    description: "Each: name, fingerprint, files (globs), present (paths), services, modes (CIS entries)."
   directory: {type: path, default: /var/lib/gpuboot/phases}
 """
 
@@ -27,6 +28,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpuboot_file_modes import describe, loose
 
 
 def _sha256(path):
@@ -85,6 +87,7 @@ def _probe(module, directory, phase):
     for file in phase.get("present") or []:
         if not os.path.exists(file):
             reasons.append("%s is missing" % file)
+    reasons += [describe(*item) for item in loose(phase.get("modes") or [])]
     return reasons + _inactive(module, phase.get("services") or [])
 
 

@@ -16,10 +16,12 @@ tests need it too); elsewhere the test is skipped with the command that builds i
 from __future__ import annotations
 
 import base64
+import fnmatch
 import json
 import os
 import stat
 import subprocess
+import threading
 import time
 from ipaddress import ip_network
 
@@ -28,6 +30,7 @@ import yaml
 
 from gpuboot import matrix
 from gpuboot.cli.main import run
+from gpuboot.phases.catalog import cis_file_modes
 from gpuboot_lab import artifacts as lab_artifacts
 from gpuboot_lab.cluster import Lab, LabSpec
 from gpuboot_lab.errors import LabError
@@ -114,6 +117,27 @@ def _phase_changes(info) -> dict[str, int]:
     return {name: entry["changed"] for name, entry in record.items()}
 
 
+def _cis_files(info, node: str) -> dict[str, tuple[int, int, int]]:
+    """Every file the CIS file-permission entries name on the node, as stat sees it there:
+    path -> (mode, uid, gid). Judged here, apart from the module that tightens them."""
+    lists = ("node", "control_plane") if "-cp" in node else ("node",)
+    globs = [entry["path"] for name in lists for entry in cis_file_modes()[name]]
+    answer = ssh(info, node, "stat -c '%a %u %g %n' " + " ".join(globs) + " 2>/dev/null; true").stdout
+    return {path: (int(mode, 8), int(uid), int(gid))
+            for mode, uid, gid, path in (line.split(" ", 3) for line in answer.splitlines())}
+
+
+def _cis_loose(info, node: str) -> list[str]:
+    lists = ("node", "control_plane") if "-cp" in node else ("node",)
+    entries = [entry for name in lists for entry in cis_file_modes()[name]]
+    loose = []
+    for path, (mode, uid, gid) in _cis_files(info, node).items():
+        allowed = next(int(e["mode"], 8) for e in entries if fnmatch.fnmatchcase(path, e["path"]))
+        if mode & ~allowed or (uid, gid) != (0, 0):
+            loose.append(f"{node}:{path} {mode:04o} {uid}:{gid}")
+    return loose
+
+
 def _vip_holder(info, control_planes: list[str], vip: str) -> str:
     holders = [h for h in control_planes if f" {vip}/" in ssh(info, h, "ip -4 -o addr show").stdout]
     assert len(holders) == 1, f"VIP {vip} held by {holders}"
@@ -174,6 +198,17 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_converges_and_repairs(cluster,
         assert time.monotonic() < deadline, [p["status"] for p in dns]
         time.sleep(3)
 
+    # The CIS file-permission items hold on every node: kubeadm leaves the PKI certificates,
+    # kubelet's config.yaml and the kubelet unit files at 0644; the phases tighten them.
+    for node in names:
+        files = _cis_files(cluster, node)
+        assert {"/etc/kubernetes/kubelet.conf", "/etc/kubernetes/pki/ca.crt", "/var/lib/kubelet/config.yaml",
+                "/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf"} <= set(files), (node, sorted(files))
+        if node in control_planes:
+            assert {"/etc/kubernetes/pki/apiserver.crt", "/etc/kubernetes/pki/etcd/server.key",
+                    "/etc/kubernetes/manifests/etcd.yaml", "/var/lib/etcd"} <= set(files), (node, sorted(files))
+    assert [line for node in names for line in _cis_loose(cluster, node)] == []
+
     # Re-running is safe: the cluster phases run again (--force) and change nothing (node
     # preparation's second run is checked in test_node_prep_phases).
     t1 = time.monotonic()
@@ -191,17 +226,23 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_converges_and_repairs(cluster,
     # and only the phases whose result is gone run again.
     ssh(cluster, f"{NAME}-w2", "systemctl disable --now kubelet")
     ssh(cluster, f"{NAME}-w1", "rm /etc/containerd/config.toml")
+    # ...and a control plane's key and kubelet config loosened (as a `kubeadm certs renew` or a
+    # hand edit leaves them) are tightened again.
+    ssh(cluster, f"{NAME}-cp3", "chmod 0644 /etc/kubernetes/pki/apiserver.key /var/lib/kubelet/config.yaml")
     t2 = time.monotonic()
     assert run(["up", str(cluster["inventory"]), "--to", "cni", "--output", "json"]) == 0, \
         capsys.readouterr().out[-4000:]
     repair_up = time.monotonic() - t2
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     started = {e["phase"]: e["reason"] for e in events if e["event"] == "PhaseStarted"}
-    assert set(started) == {"preflight", "container_runtime", "workers_join", "cni"}, started
+    assert set(started) == {"preflight", "container_runtime", "control_plane_join", "workers_join", "cni"}, started
     assert "config.toml is missing" in started["container_runtime"]
     assert "kubelet is" in started["workers_join"]
+    assert started["control_plane_join"].startswith(f"{NAME}-cp3: /var/lib/kubelet/config.yaml is mode 0644, CIS 4.1.9"), \
+        started["control_plane_join"]
     skipped = {e["phase"] for e in events if e["event"] == "PhaseSkipped"}
-    assert {"os_prep", "kube_packages", "ha_endpoint", "control_plane_init", "control_plane_join"} <= skipped
+    assert {"os_prep", "kube_packages", "ha_endpoint", "control_plane_init"} <= skipped
+    assert _cis_loose(cluster, f"{NAME}-cp3") == []
     assert ssh(cluster, f"{NAME}-w2", "systemctl is-enabled kubelet; systemctl is-active kubelet").stdout.split() \
         == ["enabled", "active"]
     assert "SystemdCgroup = true" in ssh(cluster, f"{NAME}-w1", "cat /etc/containerd/config.toml").stdout
@@ -393,6 +434,9 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
     on_node = ssh(cluster, f"{NAME}-w2", "kubeadm version -o short; apt-mark showhold | sort | tr '\\n' ' '")
     assert on_node.stdout.split("\n")[0] == to_version
     assert {"kubeadm", "kubectl", "kubelet"} <= set(on_node.stdout.split("\n")[1].split())
+    # kubeadm's upgrade rewrote kubelet's config.yaml and the packages their unit files (0644):
+    # the upgrade tightened them again on every node.
+    assert [line for n in nodes for line in _cis_loose(cluster, n["metadata"]["name"])] == []
 
     # The snapshot taken first by each run: on the control machine, private, with what etcdutl
     # read from it; the first holds the cluster as it was before the upgrade.
@@ -444,14 +488,18 @@ def test_etcd_snapshot_then_restore_brings_back_what_was_deleted(day2, cluster, 
     print(f"\netcd restore of 3 members from {snapshot.name}: {took:.0f}s, the deleted namespace is back")
 
 
-def _etcd_members(info) -> list[str]:
+def _etcd_member_list(info) -> list[dict]:
     answer = _kubectl(info, "-n", "kube-system", "exec", f"etcd-{NAME}-cp1", "--", "etcdctl",
                       "--endpoints=https://127.0.0.1:2379", "--cacert=/etc/kubernetes/pki/etcd/ca.crt",
                       "--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt",
                       "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key", "member", "list", "-w", "json",
                       timeout=30)
     assert answer.returncode == 0, answer.stderr
-    return sorted(m["name"] for m in json.loads(answer.stdout)["members"])
+    return json.loads(answer.stdout)["members"]
+
+
+def _etcd_members(info) -> list[str]:
+    return sorted(m.get("name", "") for m in _etcd_member_list(info))
 
 
 def _touched(output: str) -> dict[str, set[str]]:
@@ -496,7 +544,7 @@ def test_node_remove_and_add_a_control_plane_and_a_worker(day2, cluster, capsys)
     _all_five_nodes_ready(cluster)
 
 
-def test_reset_takes_the_cluster_apart_and_up_builds_it_again(day2, cluster, capsys):
+def test_reset_then_up_with_power_lost_mid_join_on_a_control_plane_and_a_worker_converges(day2, cluster, capsys):
     inventory = str(cluster["inventory"])
     assert run(["reset", inventory]) == 2  # not without the confirmation
     capsys.readouterr()
@@ -509,10 +557,83 @@ def test_reset_takes_the_cluster_apart_and_up_builds_it_again(day2, cluster, cap
         lines = left.stdout.split()
         assert not [line for line in lines if line.startswith("/")], (host, left.stdout)
         assert lines[:2] == ["inactive", "inactive"] and lines[2].startswith(cluster["version"].lstrip("v")), lines
-    # A plain `up` finds every result gone and builds the cluster anew.
+    # A plain `up` finds every result gone and builds the cluster anew; here power is lost on a
+    # control plane in the middle of its join (kubelet.conf written, kubeadm still joining etcd:
+    # as a learner, not yet promoted), and in a second run on a worker while kubeadm joins it.
+    # Each run stops naming the node; once it is back, a plain `up`
+    # converges: the half-joined control plane is reset and joined again, no etcd member is left
+    # behind or doubled, every node is Ready.
     capsys.readouterr()
+    cut = PowerCut(cluster, f"{NAME}-cp3", "[ -f /etc/kubernetes/kubelet.conf ] && pgrep -x kubeadm")
+    with cut:
+        code = run(["up", inventory, "--to", "cni"])
+    said = capsys.readouterr().out
+    assert cut.cut_after is not None, "cp3's join was never seen between kubelet.conf and its end"
+    assert code != 0 and f"{NAME}-cp3" in said, said[-4000:]
+    cut.power_on()
+    # What etcd holds for cp3 now (a learner, a member that never started, or none): the next run's to mend.
+    cp3_after_cut = [m for m in _etcd_member_list(cluster) if m.get("name", "") in ("", f"{NAME}-cp3")]
+    cut = PowerCut(cluster, f"{NAME}-w2", "pgrep -x kubeadm")
+    with cut:
+        code = run(["up", inventory, "--to", "cni", "--output", "json"])
+    said = capsys.readouterr().out
+    assert cut.cut_after is not None, "w2's join was never seen"
+    assert code != 0 and f"{NAME}-w2" in said, said[-4000:]
+    events = [json.loads(line) for line in said.splitlines() if line.startswith("{")]
+    started = {e["phase"]: e["reason"] for e in events if e["event"] == "PhaseStarted"}
+    # The second run found the first one's control-plane join unfinished and ran it again.
+    assert "control_plane_join" in started, started
+    cut.power_on()
     assert run(["up", inventory, "--to", "cni"]) == 0, capsys.readouterr().out[-4000:]
     _all_five_nodes_ready(cluster)
+    members = _etcd_member_list(cluster)
+    assert sorted(m.get("name", "") for m in members) == [f"{NAME}-cp1", f"{NAME}-cp2", f"{NAME}-cp3"], members
+    assert not any(m.get("isLearner") for m in members), members
+    assert [line for host in ("cp1", "cp2", "cp3", "w1", "w2") for line in _cis_loose(cluster, f"{NAME}-{host}")] == []
+    print(f"\npower lost on cp3 {cut.cut_after:.0f}s into the run, mid-join; its etcd member after: "
+          f"{[(m.get('name', ''), bool(m.get('isLearner'))) for m in cp3_after_cut]}; then w2 mid-join; a plain up converged")
+
+
+class PowerCut:
+    """Kills a lab node's container (its systemd gets SIGKILL: a power cut) the moment a shell
+    test on the node passes, watched over SSH from a thread while gpuboot runs; power_on starts
+    it again and waits for its SSH."""
+
+    def __init__(self, info, node: str, when: str, timeout: float = 900):
+        self.info, self.node, self.when, self.timeout = info, node, when, timeout
+        self.container = f"gpuboot-{NAME}-{node.removeprefix(NAME + '-')}"
+        self.cut_after: float | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self._started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join(timeout=30)
+
+    def _watch(self) -> None:
+        deadline = self._started + self.timeout
+        while not self._done.is_set() and time.monotonic() < deadline:
+            try:
+                answer = ssh(self.info, self.node, f"if {self.when} >/dev/null; then echo CUT; fi").stdout
+            except subprocess.TimeoutExpired:
+                continue
+            if "CUT" in answer:
+                subprocess.run(["podman", "kill", self.container], check=True, capture_output=True)
+                self.cut_after = time.monotonic() - self._started
+                return
+            time.sleep(0.3)
+
+    def power_on(self) -> None:
+        subprocess.run(["podman", "start", self.container], check=True, capture_output=True)
+        deadline = time.monotonic() + 120
+        while ssh(self.info, self.node, "systemctl is-system-running --wait >/dev/null; true").returncode != 0:
+            assert time.monotonic() < deadline, f"{self.node} did not come back"
+            time.sleep(2)
 
 
 def test_losing_the_vip_holder_moves_the_vip_and_the_api_answers_through_it(cluster):

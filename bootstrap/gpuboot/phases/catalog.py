@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 
 import yaml
@@ -25,13 +25,24 @@ class Result:
     files: tuple[str, ...] = ()      # content must be unchanged (globs allowed)
     present: tuple[str, ...] = ()    # must exist (their content is others' to change)
     services: tuple[str, ...] = ()   # must be active
+    # Lists of CIS file-permission entries (gpuboot_cis_file_modes) its files must meet.
+    cis_modes: tuple[str, ...] = ()
 
     @property
     def observable(self) -> bool:
-        return bool(self.files or self.present or self.services)
+        return bool(self.files or self.present or self.services or self.cis_modes)
 
     def as_data(self) -> dict:
-        return {"files": list(self.files), "present": list(self.present), "services": list(self.services)}
+        entries = cis_file_modes()
+        return {"files": list(self.files), "present": list(self.present), "services": list(self.services),
+                "modes": [entry for name in self.cis_modes for entry in entries[name]]}
+
+
+@cache
+def cis_file_modes() -> dict[str, list[dict]]:
+    """The CIS file-permission entries the kubeadm phases tighten, as the playbooks read them."""
+    path = content.content_dir() / "playbooks" / "group_vars" / "all" / "cis_file_modes.yml"
+    return yaml.safe_load(path.read_text())["gpuboot_cis_file_modes"]
 
 
 Unbuilt = Callable[[GpubootSettings], "str | None"]
@@ -173,7 +184,7 @@ def _endpoint_unbuilt(settings: GpubootSettings) -> str | None:
     return "kube_vip is not built yet" if settings.control_plane.mode == "kube_vip" else None
 
 
-KUBELET = Result(present=("/etc/kubernetes/kubelet.conf",), services=("kubelet",))
+KUBELET = Result(present=("/etc/kubernetes/kubelet.conf",), services=("kubelet",), cis_modes=("node",))
 
 UP: tuple[Phase, ...] = (
     # Only inventories with a `mirror` group run it (a phase without hosts is skipped).
@@ -192,9 +203,12 @@ UP: tuple[Phase, ...] = (
           Result(files=("/etc/haproxy/haproxy.cfg", "/etc/keepalived/keepalived.conf"),
                  services=("haproxy", "keepalived")), unbuilt=_endpoint_unbuilt),
     Phase("control_plane_init", "First control plane (kubeadm init)", "control_plane_init.yml",
-          Result(present=("/etc/kubernetes/admin.conf", "/etc/kubernetes/kubelet.conf"), services=("kubelet",)),
+          Result(present=("/etc/kubernetes/admin.conf", "/etc/kubernetes/kubelet.conf"), services=("kubelet",),
+                 cis_modes=("node", "control_plane")),
           pulls=("kubernetes",)),
-    Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml", KUBELET, pulls=("kubernetes",)),
+    Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml",
+          Result(present=("/etc/kubernetes/kubelet.conf",), services=("kubelet",), cis_modes=("node", "control_plane")),
+          pulls=("kubernetes",)),
     Phase("workers_join", "Worker joins", "workers_join.yml", KUBELET, pulls=("kubernetes",)),
     Phase("cni", "Pod network (Calico, or bridge)", "cni.yml", _cni_result, pulls=("calico",)),
     # What gpuboot applies lives on the first control plane; the objects live in the cluster.

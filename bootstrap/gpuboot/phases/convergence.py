@@ -35,13 +35,13 @@ def _tree_digest(path: Path) -> str:
 
 
 def fingerprint(cluster: Cluster, phase: Phase, hosts: list[str]) -> str:
-    """The phase's own content (playbook, roles, shared playbook vars and modules, the
-    release matrix) and its inputs (validated settings, its hosts' inventory variables).
+    """The phase's own content (playbook, roles, shared playbook vars, task files and modules,
+    the release matrix) and its inputs (validated settings, its hosts' inventory variables).
     Editing one role changes only the phases that use it."""
     root = content.content_dir()
     digest = hashlib.sha256(phase.name.encode())
-    parts = [root / "playbooks" / phase.playbook, root / "playbooks" / "group_vars", root / "playbooks" / "library",
-             root / "mirror" / "releases" / f"{cluster.settings.release}.yml"]
+    shared = [root / "playbooks" / name for name in ("group_vars", "tasks", "library", "module_utils")]
+    parts = [root / "playbooks" / phase.playbook, *shared, root / "mirror" / "releases" / f"{cluster.settings.release}.yml"]
     parts += [root / "roles" / role for role in phase.roles]
     for part in parts:
         if part.exists():
