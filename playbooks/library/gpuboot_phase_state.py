@@ -115,12 +115,20 @@ def main():
             pass
         changed.append(phase["name"])
         if not module.check_mode:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
             tmp = path + ".tmp"
-            with open(tmp, "w") as handle:
-                json.dump(record, handle, indent=1, sort_keys=True)
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
+            try:
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+                with open(tmp, "w") as handle:
+                    json.dump(record, handle, indent=1, sort_keys=True)
+                os.chmod(tmp, 0o600)
+                os.replace(tmp, path)
+            except OSError as exc:
+                # A full /var, most often: say where, and leave no half-written record behind.
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                module.fail_json(msg="cannot record phase %s in %s: %s; free space there (df -h %s), then run "
+                                     "gpuboot up again" % (phase["name"], exc.filename or tmp, exc.strerror or exc,
+                                                           directory))
     module.exit_json(changed=bool(changed), gpuboot_result={"recorded": changed})
 
 

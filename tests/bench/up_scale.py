@@ -4,8 +4,9 @@ lab mirror with the lab-built Kubernetes packages, as README's main command), ti
 first run, a plain re-run and a `--force` re-run of every phase.
 
 Per size: wall seconds and per phase, changed tasks, CPU seconds of the control machine
-(gpuboot's own process apart from Ansible's), the largest peak RSS of one process; across
-sizes: the marginal wall seconds per extra node. Not a test: run it by hand on an otherwise
+(gpuboot's own process apart from Ansible's), the lab nodes' own CPU seconds (their
+containers' cgroups: on this machine they share its cores), the largest peak RSS of one
+process; across sizes: the marginal wall seconds per extra node. Not a test: run it by hand on an otherwise
 idle machine and record the figures in README.
 
     .venv/bin/python -m tests.bench.up_scale --nodes 5 20 50 [--out result.json] [--skip-forced]
@@ -50,11 +51,29 @@ def gpuboot(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+# The lab nodes' own CPU (every podman container's cgroup, v1 or v2): on this machine the nodes
+# share its cores with the control machine, where real nodes would each run on their own.
+NODE_CGROUPS = (Path("/sys/fs/cgroup/cpuacct/libpod_parent/cpuacct.usage"),  # ns
+                Path("/sys/fs/cgroup/libpod_parent/cpu.stat"), Path("/sys/fs/cgroup/machine.slice/cpu.stat"))
+
+
+def node_cpu_seconds() -> float | None:
+    for path in NODE_CGROUPS:
+        if path.is_file():
+            text = path.read_text()
+            if path.name == "cpuacct.usage":
+                return int(text) / 1e9
+            return int(next(line.split()[1] for line in text.splitlines() if line.startswith("usage_usec"))) / 1e6
+    return None
+
+
 def timed_up(inventory: Path, *extra: str) -> dict:
+    nodes_before = node_cpu_seconds()
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", MEASURED, "up", str(inventory), "--to", NODE_PREP[-1],
                            "--output", "json", *extra], cwd=ROOT, capture_output=True, text=True)
     wall = time.monotonic() - started
+    nodes_after = node_cpu_seconds()
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     usage = json.loads(proc.stderr.strip().splitlines()[-1])
     if proc.returncode != 0:
@@ -68,7 +87,8 @@ def timed_up(inventory: Path, *extra: str) -> dict:
             "outside_phases": round(wall - in_phases, 1),
             "gpuboot_cpu": round(usage["gpuboot_cpu"], 1), "ansible_cpu": round(usage["ansible_cpu"], 1),
             "gpuboot_cpu_share": round(usage["gpuboot_cpu"] / wall, 3),
-            "gpuboot_peak_mib": usage["gpuboot_peak_mib"], "child_peak_mib": usage["child_peak_mib"]}
+            "gpuboot_peak_mib": usage["gpuboot_peak_mib"], "child_peak_mib": usage["child_peak_mib"],
+            "nodes_cpu": round(nodes_after - nodes_before, 1) if nodes_before is not None else None}
 
 
 def bundle(version: str) -> Path:
@@ -99,6 +119,8 @@ def one_size(nodes: int, subnet: str, packages: Path, workdir: Path, forced: boo
             result["forced_share"] = round(result["forced"]["wall"] / first, 3)
         result["cpu_seconds_per_node"] = round(
             (result["first"]["gpuboot_cpu"] + result["first"]["ansible_cpu"]) / nodes, 2)
+        if result["first"]["nodes_cpu"] is not None:
+            result["node_cpu_seconds_per_node"] = round(result["first"]["nodes_cpu"] / nodes, 2)
         return result
     finally:
         gpuboot("lab", "down", "--name", LAB, check=False)

@@ -35,6 +35,7 @@ class Hosts:
 
     records: dict[str, dict[str, str]] = field(default_factory=dict)
     broken: dict[tuple[str, str], str] = field(default_factory=dict)  # (host, phase) -> why
+    full: set[str] = field(default_factory=set)  # hosts whose /var is full: no record can be written
     lock: dict | None = None
 
 
@@ -81,6 +82,14 @@ class RunnerDouble:
                 ok(host, STATE_TASKS["probe"], answer)
         else:
             for host, entries in by_host.items():
+                if host in self.hosts.full:
+                    # gpuboot_phase_state's own words on ENOSPC.
+                    directory = "/var/lib/gpuboot/phases"
+                    events.append({"event": "runner_on_failed", "event_data": {
+                        "host": host, "task": STATE_TASKS["record"], "res": {"failed": True, "msg": (
+                            f"cannot record phase {entries[0]['name']} in {directory}/{entries[0]['name']}.json.tmp: "
+                            f"No space left on device; free space there (df -h {directory}), then run gpuboot up again")}}})
+                    continue
                 for entry in entries:
                     self.hosts.records.setdefault(host, {})[entry["name"]] = entry["fingerprint"]
                     self.hosts.broken.pop((host, entry["name"]), None)

@@ -165,3 +165,44 @@ def test_preflight_names_nodes_cloned_from_one_image(lab, capsys):
         assert "systemd-machine-id-setup" in message
     finally:
         ssh(lab, second, f"echo {original} > /etc/machine-id")
+
+
+# A real full /var on one node: an overlay over its /var whose writable layer is a 24 MiB tmpfs,
+# filled. Everything under /var still reads; every write there fails with ENOSPC, and df /var
+# says what is left, as on a node whose /var partition filled up.
+FILL_VAR = ("mkdir -p /run/varfull && mount -t tmpfs -o size=24m tmpfs /run/varfull"
+            " && mkdir /run/varfull/up /run/varfull/work"
+            " && mount -t overlay overlay -o lowerdir=/var,upperdir=/run/varfull/up,workdir=/run/varfull/work /var"
+            " && { fallocate -l 24m /var/fill 2>/dev/null; dd if=/dev/zero of=/var/fill2 bs=1M 2>/dev/null; true; }"
+            " && df --output=avail -B1 /var | tail -1")
+EMPTY_VAR = "umount -l /var; umount -l /run/varfull; rmdir /run/varfull"
+
+
+def test_a_full_var_is_named_by_preflight_and_by_the_phase_that_cannot_write_there(lab, tmp_path, capsys):
+    victim = "itest-w1"
+    filled = ssh(lab, victim, FILL_VAR)
+    assert filled.returncode == 0 and int(filled.stdout.split()[-1]) < 1 << 20, (filled.stdout, filled.stderr)
+    try:
+        assert run(["up", str(lab["inventory"]), "--only", "preflight", "--force", "--output", "json"]) == 4
+        failures = [e for e in events_of(capsys.readouterr().out) if e["event"] == "HostResult" and e["status"] == "failed"]
+        assert len(failures) == 1 and f"{victim}: only 0.0 GiB free on /var, need 10" in failures[0]["message"], failures
+
+        # /var filling up after preflight passed (its minimum lowered for this node): the run
+        # fails naming the node and the path it could not write.
+        def lower_minimum(data):
+            data["all"]["children"]["workers"]["hosts"][victim]["preflight_min_var_free_gb"] = 0
+        inventory = edit_inventory(lab["inventory"], tmp_path / "inventory.yml", lower_minimum)
+        assert run(["up", str(inventory), "--to", "os_prep", "--force", "--output", "json"]) == 4
+        events = events_of(capsys.readouterr().out)
+        failed = [e for e in events if e["event"] == "HostResult" and e["status"] == "failed"]
+        assert [e["host"] for e in failed] == [victim], failed
+        assert "No space left on device" in failed[0]["message"] and "/var/" in failed[0]["message"], failed
+        finished = next(e for e in reversed(events) if e["event"] == "RunFinished")
+        assert finished["status"] == "failed" and "--from" in finished["resume"]
+    finally:
+        ssh(lab, victim, EMPTY_VAR)
+    # With room again, a plain up runs what the node could not record, then nothing.
+    assert run(["up", str(inventory), "--to", "os_prep", "--output", "json"]) == 0, capsys.readouterr().out[-3000:]
+    capsys.readouterr()
+    assert run(["up", str(inventory), "--to", "os_prep", "--output", "json"]) == 0
+    assert [e for e in events_of(capsys.readouterr().out) if e["event"] == "PhaseStarted"] == []

@@ -63,6 +63,24 @@ def test_a_host_that_lost_a_phase_result_reruns_it_without_force(cluster, tmp_pa
     assert run(cluster, tmp_path, runner)[0].phases_run == []
 
 
+def test_a_host_that_cannot_keep_the_record_fails_the_run_naming_it_and_runs_again_next_time(cluster, tmp_path):
+    runner = RunnerDouble()
+    runner.hosts.full.add("gpu02")
+    finished, _, _ = run(cluster, tmp_path, runner)
+    assert finished.status == "failed" and finished.phases_run == ["preflight", "os_prep"]
+    [failure] = finished.failures
+    assert failure.host == "gpu02" and "No space left on device" in failure.message
+    assert "/var/lib/gpuboot/phases" in failure.message
+    assert finished.resume == f"gpuboot up {cluster.inventory} --from os_prep"
+    assert runner.hosts.lock is None  # the lock was still given back
+    # Once there is room, a plain run runs os_prep again on that host's account only.
+    runner.hosts.full.clear()
+    again, events, _ = run(cluster, tmp_path, runner)
+    assert again.status == "ok" and again.phases_run == ["preflight", "os_prep"]
+    started = next(e for e in events if isinstance(e, PhaseStarted) and e.phase == "os_prep")
+    assert started.reason == "gpu02: no record of this phase on the host"
+
+
 def test_failure_stops_and_names_hosts_task_message_and_resume(cluster, tmp_path):
     runner = RunnerDouble({"preflight": ScriptedPhase({"cp01": "ok", "gpu01": "failed", "gpu02": "unreachable"},
                                                       message="nouveau is loaded")})

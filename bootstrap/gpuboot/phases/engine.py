@@ -319,11 +319,19 @@ class Engine:
             # Record what the phases that succeeded left on their hosts, and give the lock back,
             # however the run ended (a second Ctrl-C here leaves the lock for `unlock`).
             if locked:
+                entries = convergence.state_phases(succeeded, self.cluster.settings)
                 try:
-                    self.state_run("end", run_dir, run_id, convergence.state_phases(succeeded, self.cluster.settings), first,
-                                   gpuboot_lock_holder=holder)
+                    recorded = self.state_run("end", run_dir, run_id, entries, first, gpuboot_lock_holder=holder)
                 except (GpubootError, KeyboardInterrupt):
-                    pass
+                    recorded = []
+                # A host that could not keep the record (a full /var) runs its phases again next
+                # time; the run says which host and why, and fails so nobody builds on that host.
+                unrecorded = [r for r in recorded if r.status == "failed" and r.task.endswith("record each phase's result")]
+                for result in unrecorded:
+                    self.failures.append(Failure(result.host, result.task, result.message))
+                if unrecorded and status == "ok":
+                    again = next(e["name"] for e in entries if {r.host for r in unrecorded} & set(e["hosts"]))
+                    status, resume = "failed", self.options.resume_hint.format(inventory=self.cluster.inventory, phase=again)
         finished = RunFinished(run_id, status, ran, list(self.failures), str(log), resume,
                                round(time.monotonic() - started, 2))
         self.state.record_run({"run_id": run_id, "command": self.options.command, "status": status,
