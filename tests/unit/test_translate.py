@@ -98,3 +98,19 @@ def test_a_failed_command_says_what_the_command_said():
     # A module's own message that already quotes the output is not repeated.
     said = translate(ev("runner_on_failed", host="cp1", task="t", res={"msg": "boom: bad", "rc": 1, "stderr": "bad"}))
     assert said.message == "boom: bad"
+
+
+def test_a_full_disk_says_which_node_and_where_the_phases_write():
+    # apt's own words on a node whose /var filled up (seen in the lab's full-/var test).
+    apt = ("E:Write error - write (28: No space left on device), E:IO Error saving source cache, "
+           "E:The package lists or status file could not be parsed or opened.")
+    event = translate(ev("runner_on_failed", host="gpu07", task="OS prep | install chrony", res={"msg": apt}))
+    assert event.message.startswith(apt)
+    assert "fix: gpu07 is out of disk space" in event.message and "On gpu07: df -h /var" in event.message
+    assert "/var/cache/apt" in event.message and "/var/lib/containerd" in event.message
+    dpkg = "You don't have enough free space in /var/cache/apt/archives/."
+    assert "out of disk space" in translate(ev("runner_on_failed", host="h", task="t", res={"msg": dpkg})).message
+    # Other failures, and failures that were ignored, get no such advice.
+    assert "disk space" not in translate(ev("runner_on_failed", host="h", task="t", res={"msg": "boom"})).message
+    ignored = translate(ev("runner_on_failed", host="h", task="t", ignore_errors=True, res={"msg": apt}))
+    assert "disk space" not in ignored.message

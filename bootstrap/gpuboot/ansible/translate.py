@@ -60,11 +60,27 @@ def _host_key_fix(message: str) -> str:
             f"attack. Turning host-key checking off is not the fix.")
 
 
+# A full filesystem, in the words of the kernel (ENOSPC), apt and dpkg.
+_NO_SPACE = re.compile(r"No space left on device|\(28: |You don't have enough free space")
+
+
+def _no_space_fix(host: str, message: str) -> str:
+    """Which filesystem filled up is the node's to tell: where the phases write, and how to look."""
+    if not _NO_SPACE.search(message):
+        return ""
+    return (f"\nfix: {host} is out of disk space. The phases write under /var: apt in /var/cache/apt and "
+            f"/var/lib/apt, containerd's images in /var/lib/containerd, kubelet in /var/lib/kubelet, etcd in "
+            f"/var/lib/etcd, gpuboot's records in /var/lib/gpuboot. On {host}: df -h /var /var/lib/containerd "
+            f"/tmp shows which is full. Free space there, then run gpuboot up again.")
+
+
 def _host_result(data: dict, status: str) -> HostResult:
     res = data.get("res")
     message = _message(res) if status in ("failed", "unreachable", "ignored") else ""
     if status == "unreachable":
         message += _host_key_fix(message)
+    if status == "failed":
+        message += _no_space_fix(str(data.get("host", "?")), message)
     return HostResult(
         host=str(data.get("host", "?")),
         task=str(data.get("task", "")),
