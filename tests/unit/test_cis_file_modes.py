@@ -4,6 +4,7 @@ real files with real modes and owners; and which phases carry which lists. The l
 cluster test checks the modes on real kubeadm nodes, after `up`, a repair and an upgrade."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import stat
@@ -19,7 +20,8 @@ from tests.support.modules import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 phase_state = load_module("gpuboot_phase_state")
-modes = __import__("ansible.module_utils.gpuboot_file_modes", fromlist=["loose"])
+# load_module put the shared judgement where Ansible would: ansible.module_utils.<name>.
+modes = importlib.import_module("ansible.module_utils.gpuboot_file_modes")
 
 
 def _mode(path) -> int:
