@@ -59,11 +59,10 @@ def test_plan_lists_phases_hosts_and_unbuilt_phases(capsys):
     # The join phase makes the join credentials on the first control plane, then joins the others.
     assert sorted(by_phase["control_plane_join"]["hosts"]) == ["cp01", "cp02", "cp03"]
     assert by_phase["preflight"]["action"] == "run"
-    # Calico and the GPU and Network Operators are built; the GitOps handoff is not: plan says
-    # where up stops, and why.
+    # Every phase is built for the sample, the GitOps handoff included.
     assert by_phase["cni"]["action"] == "run" and by_phase["gpu_operator"]["action"] == "run"
     assert by_phase["network_operator"]["action"] == "run"
-    assert by_phase["gitops_handoff"]["action"] == "stops: gitops_handoff is not built yet"
+    assert by_phase["gitops_handoff"]["action"] == "run"
 
 
 def test_unknown_phase_suggests_the_right_one(capsys):

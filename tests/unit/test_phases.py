@@ -54,7 +54,16 @@ def test_phases_say_when_they_are_not_built_for_the_settings():
     kube_vip = settings.model_copy(update={"control_plane": settings.control_plane.model_copy(update={"mode": "kube_vip"})})
     assert by["ha_endpoint"].stops_because(kube_vip) == "kube_vip is not built yet"
     assert by["ha_endpoint"].stops_because(settings) is None
-    assert by["gitops_handoff"].stops_because(settings) == "gitops_handoff is not built yet"
+    # The handoff pushes with the deploy key and checks the Git server's host key: both named.
+    assert by["gitops_handoff"].stops_because(settings) is None
+    gitops = settings.gitops
+    no_host_key = settings.model_copy(update={"gitops": gitops.model_copy(update={"known_hosts_file": None})})
+    assert by["gitops_handoff"].stops_because(no_host_key).startswith("gpuboot.gitops.known_hosts_file not set")
+    bare = settings.model_copy(update={"gitops": gitops.model_copy(update={"known_hosts_file": None,
+                                                                            "credentials_file": None})})
+    assert "credentials_file and gpuboot.gitops.known_hosts_file" in by["gitops_handoff"].stops_because(bare)
+    https = settings.model_copy(update={"gitops": gitops.model_copy(update={"repo_url": "https://git.example/x.git"})})
+    assert "SSH deploy key" in by["gitops_handoff"].stops_because(https)
 
 
 def test_phase_roles_come_from_its_playbook():

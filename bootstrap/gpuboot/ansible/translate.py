@@ -81,6 +81,9 @@ def _host_result(data: dict, status: str) -> HostResult:
         message += _host_key_fix(message)
     if status == "failed":
         message += _no_space_fix(str(data.get("host", "?")), message)
+    if status == "ok" and isinstance(res, dict) and res.get("gpuboot_notice"):
+        # What a phase tells the operator without failing (`debug: var: gpuboot_notice`).
+        message = str(res["gpuboot_notice"])
     return HostResult(
         host=str(data.get("host", "?")),
         task=str(data.get("task", "")),

@@ -221,6 +221,7 @@ def references(settings: GpubootSettings, nodes: list[Node], where: Where, inven
             (("mirror", "tls_key_file"), mirror.tls_key_file)]
     if settings.gitops:
         refs.append((("gitops", "credentials_file"), settings.gitops.credentials_file))
+        refs.append((("gitops", "known_hosts_file"), settings.gitops.known_hosts_file))
     for path, value in refs:
         if value:
             found = _file_problem(value, inventory.parent, secret=path in SECRET_FILES)

@@ -239,7 +239,10 @@ class GitOps(Strict):
     # The cluster's directory in the repository; unset: clusters/<cluster_name>, so clusters
     # sharing a repository never write over each other.
     path: Annotated[str, Field(pattern=REPO_PATH, max_length=200)] | None = None
+    # The deploy key (an SSH private key with write access to the repository) and the Git
+    # server's host key as ssh-keyscan prints it: the handoff pushes with host-key checking on.
     credentials_file: FilePath | None = None
+    known_hosts_file: FilePath | None = None
 
     def directory(self, cluster_name: str) -> str:
         return self.path or f"clusters/{cluster_name}"

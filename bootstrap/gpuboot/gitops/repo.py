@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from gpuboot import content
 from gpuboot.config.model import Cluster, GitOps
 from gpuboot.errors import UsageError
 from gpuboot.gitops import tenants as tenancy
@@ -36,8 +37,13 @@ from gpuboot.phases.render import phase_files
 ARGOCD_NAMESPACE = "argocd"
 IN_CLUSTER = "https://kubernetes.default.svc"
 PLATFORM_PROJECT = "platform"
+CHART_RELEASE_LABEL = "gpuboot.io/chart-release"
 # Files of an add-on's directory that stay with gpuboot (see the module's docstring).
-KEPT_BY_GPUBOOT = frozenset({"values.yaml", "mirror-access.yaml", "node-labels.yaml", "operator-trust.yaml"})
+# values.yaml is the chart's input; the others are applied by gpuboot even after the handoff
+# (playbooks/tasks/install_chart.yml reads the same list).
+KEPT_BY_GPUBOOT = frozenset({"values.yaml", *yaml.safe_load(
+    (content.content_dir() / "playbooks" / "group_vars" / "all" / "charts.yml").read_text())[
+    "chart_install_kept_by_gpuboot"]})
 # A tenant's own Applications may not touch what bounds it.
 TENANT_GUARDRAILS = (("", "ResourceQuota"), ("", "LimitRange"), ("networking.k8s.io", "NetworkPolicy"),
                      ("rbac.authorization.k8s.io", "RoleBinding"), ("rbac.authorization.k8s.io", "Role"))
@@ -125,7 +131,7 @@ class Repository:
         source = self.chart_source(addon)
         source["helm"] = {"releaseName": addon.release, "valueFiles": [f"$values/{directory}/values.yaml"]}
         git = {"repoURL": self.gitops.repo_url, "targetRevision": self.gitops.branch}
-        return self.application(f"addon-{addon.name}", PLATFORM_PROJECT, namespace, sources=[
+        return self.application(f"addon-{addon.name}", PLATFORM_PROJECT, namespace, release=addon.release, sources=[
             source,
             {**git, "ref": "values"},
             {**git, "path": str(directory / "overlays" / self.cluster.settings.cluster_name)},
@@ -161,7 +167,7 @@ class Repository:
 
     # -- Argo CD ------------------------------------------------------------------------
     def application(self, name: str, project: str, namespace: str | None, *, path: str | None = None,
-                    sources: list[dict] | None = None, prune: bool = True) -> dict:
+                    sources: list[dict] | None = None, prune: bool = True, release: str | None = None) -> dict:
         spec: dict = {"project": project}
         if sources is not None:
             spec["sources"] = sources
@@ -175,9 +181,12 @@ class Repository:
         # CRDs are too large for a client-side apply's annotation.
         spec["syncPolicy"] = {"automated": {"prune": prune, "selfHeal": True},
                               "syncOptions": ["ServerSideApply=true", "CreateNamespace=false"]}
+        labels = {"app.kubernetes.io/part-of": self.cluster.settings.cluster_name}
+        if release:
+            # How `gpuboot up` finds that Argo CD owns a chart it used to install.
+            labels[CHART_RELEASE_LABEL] = release
         return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
-                "metadata": {"name": name, "namespace": ARGOCD_NAMESPACE,
-                             "labels": {"app.kubernetes.io/part-of": self.cluster.settings.cluster_name}},
+                "metadata": {"name": name, "namespace": ARGOCD_NAMESPACE, "labels": labels},
                 "spec": spec}
 
     def platform_project(self) -> dict:

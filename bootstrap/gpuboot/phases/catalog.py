@@ -77,6 +77,8 @@ class Phase:
     gate: bool = False
     # Why the phase has nothing to do for this cluster (skipped, pulls nothing), or None.
     idle_when: Callable[[Cluster], str | None] = field(default=lambda cluster: None, compare=False)
+    # Data only this phase reads (gitops_handoff: the repository's files), computed when it runs.
+    extravars: Callable[[Cluster], dict] = field(default=lambda cluster: {}, compare=False)
 
     def idle(self, cluster: Cluster) -> str | None:
         return self.idle_when(cluster)
@@ -180,6 +182,39 @@ def _no_gitops(cluster: Cluster) -> str | None:
     return None if cluster.settings.gitops else "gpuboot.gitops is not set"
 
 
+def _gitops_unbuilt(settings: GpubootSettings) -> str | None:
+    """The handoff pushes over SSH with a deploy key and checks the Git server's host key."""
+    gitops = settings.gitops
+    if gitops is None:
+        return None
+    if gitops.repo_url.startswith(("http://", "https://")):
+        return ("gpuboot.gitops.repo_url is an HTTP(S) URL: the handoff pushes with an SSH deploy key; "
+                "use ssh://git@HOST/PATH.git or git@HOST:PATH.git")
+    missing = [name for name in ("credentials_file", "known_hosts_file") if not getattr(gitops, name)]
+    if missing:
+        return (f"gpuboot.gitops.{' and gpuboot.gitops.'.join(missing)} not set: the handoff needs the deploy key "
+                "(credentials_file) and the Git server's host key (known_hosts_file, as ssh-keyscan prints it)")
+    return None
+
+
+def _gitops_repository(cluster: Cluster) -> dict:
+    from gpuboot.gitops.repo import Repository
+
+    from gpuboot.config.checks import resolve_path
+
+    repository = Repository(cluster)
+    files = repository.render()
+    gitops, base = cluster.settings.gitops, Path(cluster.inventory).parent
+    return {"gpuboot_gitops_repository": {
+        "directory": str(repository.root),
+        # Relative paths are the inventory's own files, as validation read them.
+        "key_file": str(resolve_path(gitops.credentials_file, base)),
+        "known_hosts_file": str(resolve_path(gitops.known_hosts_file, base)),
+        "files": {str(path.relative_to(repository.root)): text for path, text in files.items()},
+        "applications": [f"{cluster.settings.cluster_name}-root"]
+                        + [app["metadata"]["name"] for app in repository.applications]}}
+
+
 def _endpoint_unbuilt(settings: GpubootSettings) -> str | None:
     return "kube_vip is not built yet" if settings.control_plane.mode == "kube_vip" else None
 
@@ -220,8 +255,10 @@ UP: tuple[Phase, ...] = (
           Result(files=("/etc/gpuboot/addons/gpu-operator/*.yaml",)), pulls=("gpu_operator",), idle_when=_no_gpus),
     # The gate: it only reads (its smoke pods are deleted), so it runs whenever `up` reaches it.
     Phase("validate", "Cluster validation", "validate.yml", pulls=("validate",), gate=True),
-    Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml", pulls=("argocd",),
-          idle_when=_no_gitops),
+    # Argo CD from the mirror, the rendered repository pushed once, then Git owns the add-ons.
+    Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml",
+          Result(files=("/etc/gpuboot/addons/argocd/*.yaml",)), pulls=("argocd",),
+          unbuilt=_gitops_unbuilt, idle_when=_no_gitops, extravars=_gitops_repository),
 )
 
 # The snapshot `gpuboot upgrade` takes first is also `gpuboot etcd snapshot` on its own.

@@ -293,7 +293,8 @@ class Engine:
                     t0 = time.monotonic()
                     self.last_stats = None
                     before = len(self.failures)
-                    result = self._playbook(phase.path, phase.name, run_dir, run_id, {}, self._phase_sink, phase.name,
+                    result = self._playbook(phase.path, phase.name, run_dir, run_id, phase.extravars(self.cluster),
+                                            self._phase_sink, phase.name,
                                             self._limit_for(phase))
                     ran.append(phase.name)
                     changed = sum(c.changed for c in (self.last_stats.hosts.values() if self.last_stats else []))

@@ -71,6 +71,8 @@ class ConsoleProgress:
             if event.status in ("failed", "unreachable"):
                 self.console.print(f"  [{STYLE[event.status]}]{event.status}[/] {escape(event.host)} | "
                                    f"{escape(event.task)}: {escape(event.message)}")
+            elif event.message:
+                self.console.print(f"  [cyan]notice[/] {escape(event.host)} | {escape(event.message)}")
             self._update()
         elif isinstance(event, ev.PlaybookStats):
             totals: Counter[str] = Counter()
