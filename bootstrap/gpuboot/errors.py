@@ -100,3 +100,10 @@ class UpgradeRefused(GpubootError):
     """An upgrade that must not start (path, skew, health, mirror): nothing was changed."""
 
     exit_code = 7
+
+
+class GitOpsError(GpubootError):
+    """The GitOps repository cannot be read (no access, wrong host key), or differs when asked
+    to fail on a difference (`gitops diff --exit-code`)."""
+
+    exit_code = 1

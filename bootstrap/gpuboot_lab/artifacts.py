@@ -99,21 +99,28 @@ def image_artifact(bundle: Bundle, ref: str, path_in_image: str, binary: bytes,
     entries = [(path_in_image, binary, 0o755)] + [(folder + name, data, 0o755)
                                                   for name, data in sorted((companions or {}).items())]
     layer_tars = ([base] if base else []) + [layer_tar(entries)]
+    return layered_image(bundle, ref, layer_tars, {"Entrypoint": entrypoint} if entrypoint else {})
+
+
+def layered_image(bundle: Bundle, ref: str, layer_tars: list[bytes], config: dict) -> Artifact:
+    """An amd64 image of uncompressed layer tars (lowest first) and the config's fields
+    (Entrypoint, User, WorkingDir, Env beyond PATH)."""
     layers = [bundle.store(gzip.compress(t, compresslevel=1, mtime=0)) for t in layer_tars]
+    env = [PATH_ENV, *config.get("Env", [])]
     config_doc = {"architecture": "amd64", "os": "linux",
-                  "config": {"Env": [PATH_ENV], **({"Entrypoint": entrypoint} if entrypoint else {})},
+                  "config": {**config, "Env": env},
                   "rootfs": {"type": "layers",
                              "diff_ids": ["sha256:" + hashlib.sha256(t).hexdigest() for t in layer_tars]}}
-    config = bundle.store(json.dumps(config_doc, sort_keys=True).encode())
+    config_blob = bundle.store(json.dumps(config_doc, sort_keys=True).encode())
     manifest_body = json.dumps({
         "schemaVersion": 2, "mediaType": OCI_MANIFEST,
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_blob},
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **layer} for layer in layers]},
         sort_keys=True).encode()
     manifest = bundle.store(manifest_body)
     parsed = parse_image(ref)
     return Artifact("image", ref, parsed.mirror_repository, parsed.tag, manifest["digest"], OCI_MANIFEST,
-                    [{**manifest, "media_type": OCI_MANIFEST}], [config, *layers])
+                    [{**manifest, "media_type": OCI_MANIFEST}], [config_blob, *layers])
 
 
 # kube-proxy programs the node's iptables (nft backend, as Debian's own iptables does);
