@@ -41,7 +41,7 @@ class GitServer:
     def known_hosts(self) -> Path:
         return self.directory / "known_hosts"
 
-    def start(self) -> "GitServer":
+    def start(self) -> GitServer:
         for tool in (SSHD, "ssh-keygen", "git", "git-shell"):
             if shutil.which(tool) is None:
                 raise LabError(f"{tool} is not installed", hint="apt-get install openssh-server git")

@@ -69,7 +69,7 @@ def _push(inventory: Path, **override) -> dict:
     playbook = inventory.parent / "push.yml"
     playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "vars_files": [str(args_file)],
                                          "vars": {"ansible_python_interpreter": sys.executable},
-                                         "tasks": [{"gpuboot_gitops_push": {k: "{{ %s }}" % k for k in args}}]}]))
+                                         "tasks": [{"gpuboot_gitops_push": {k: "{{ " + k + " }}" for k in args}}]}]))
     done = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            str(playbook)], capture_output=True, text=True, env=env, timeout=180)
     result = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]

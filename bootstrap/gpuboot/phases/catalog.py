@@ -198,9 +198,8 @@ def _gitops_unbuilt(settings: GpubootSettings) -> str | None:
 
 
 def _gitops_repository(cluster: Cluster) -> dict:
-    from gpuboot.gitops.repo import Repository
-
     from gpuboot.config.checks import resolve_path
+    from gpuboot.gitops.repo import Repository
 
     repository = Repository(cluster)
     files = repository.render()

@@ -1,0 +1,206 @@
+"""The GitOps handoff for real (issue 15, point 4): a lab cluster made by `up` (one control plane,
+one worker, the Kubernetes built from Go modules, air-gapped behind the lab mirror), a real
+Git server on the lab's gateway (Debian's sshd and git, the deploy key, the server's host key),
+and real Argo CD: its one binary built from github.com/argoproj/argo-cd/v3 at the matrix's
+version, kustomize from its Go module, helm from its own, in images that enter the mirror like
+any other and are pulled by containerd through it. The argo-cd chart is a TEST DOUBLE (the
+argo-helm chart cannot be had here) whose objects are Argo CD's own install manifests of the
+same version (tests/support/argocd_chart.py).
+
+What it shows: `up` pushes the rendered repository, installs Argo CD, and waits until every
+Application is Synced and Healthy; a tenant's groups may act in its namespace and nowhere else
+(the real API server's RBAC, through impersonation); a pod asking for more GPUs than the quota
+is refused by the real ResourceQuota admission; deleting a tenant's NetworkPolicy and raising its
+quota are both undone by Argo CD's self-heal; a second `up` changes nothing; a tenant added to the
+inventory afterwards is not pushed over Git (the run says so) and `gitops diff` shows it; the
+deploy key is in no output, log or file gpuboot wrote."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from gpuboot.cli.main import run
+from gpuboot_lab.cluster import LabSpec
+from gpuboot_lab.gitserver import GitServer
+from tests.support.addon_lab import addon_lab, kubectl, said
+from tests.support.argocd_chart import add_to_bundle
+from tests.support.reuse import PRODUCT, reuse_or_run
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+NAME = "gitops"
+SUBNET = "10.213.86.0/24"
+RELEASE = "k8s-1.34"
+GIT_PORT = 2222
+TENANTS = [
+    {"name": "vision", "groups": ["oidc:vision"], "admin_groups": ["oidc:vision-leads"],
+     "quota": {"gpu": 0, "cpu": "4", "memory": "8Gi", "pods": 20}, "priority_classes": ["training", "batch"]},
+    {"name": "speech", "groups": ["oidc:speech"], "quota": {"gpu": 0, "cpu": "2", "memory": "4Gi"},
+     "priority_classes": ["batch"]},
+]
+
+
+@pytest.fixture
+def unchanged(request):
+    """Not run again while nothing it can depend on changed since it passed on this machine
+    (tests/support/reuse.py; GPUBOOT_TESTS_FRESH=1 runs it)."""
+    yield from reuse_or_run(request, (*PRODUCT, "tests/integration/test_lab_gitops.py", "tests/support/argocd_chart.py",
+                                      "tests/doubles/charts/argo-cd"))
+
+
+@pytest.fixture
+def gitops_cluster(lab, tmp_path, monkeypatch, capsys):
+    spec = LabSpec(name=NAME, control_planes=1, workers=1, gpu_workers=0, subnet=SUBNET, flavour="kubernetes",
+                   release=RELEASE)
+    with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:
+        gateway = SUBNET.replace(".0/24", ".1")
+        git = GitServer(tmp_path / "git", gateway, GIT_PORT).start()
+        try:
+            data = node_lab.settings()
+            data["all"]["vars"]["gpuboot"]["gitops"] = {
+                "repo_url": git.url, "branch": "main", "credentials_file": str(git.deploy_key),
+                "known_hosts_file": str(git.known_hosts)}
+            data["all"]["vars"]["gpuboot"]["tenants"] = TENANTS
+            node_lab.write(data)
+            images = add_to_bundle(node_lab.bundle, RELEASE, node_lab.helm)
+            node_lab.start_mirror()
+            yield node_lab.info(git=git, images=images, tmp=tmp_path)
+        finally:
+            git.stop()
+
+
+def pod_routes(info) -> list[tuple[str, str]]:
+    """The lab's router learns each node's pod CIDR (as a data centre's learns Calico's routes),
+    so that pods reach the Git server on the gateway."""
+    nodes = json.loads(kubectl(info, "get", "nodes", "-o", "json"))["items"]
+    routes = []
+    for node in nodes:
+        address = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+        subprocess.run(["ip", "route", "replace", node["spec"]["podCIDR"], "via", address], check=True)
+        routes.append((node["spec"]["podCIDR"], address))
+    return routes
+
+
+def wait_for(what: str, check, timeout: float = 180) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if check():
+            return time.monotonic() - started
+        time.sleep(2)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def can_i(info, group: str, verb: str, resource: str, namespace: str) -> bool:
+    proc = subprocess.run([str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "auth", "can-i", verb, resource,
+                           "-n", namespace, "--as", f"someone-in-{group}", "--as-group", group],
+                          capture_output=True, text=True, timeout=30)
+    return proc.stdout.strip() == "yes"
+
+
+def phase_changes(info) -> dict[str, int]:
+    record = json.loads((info["kubeconfig"].parent / "state.json").read_text())["phases"]
+    return {name: entry["changed"] for name, entry in record.items()}
+
+
+def test_up_hands_the_cluster_to_argo_cd_and_git_owns_the_tenants(unchanged, gitops_cluster, capsys):
+    info = gitops_cluster
+    inventory, git = info["inventory"], info["git"]
+    # Up to the gate, then the lab's router learns the pod routes, then the handoff.
+    assert run(["up", str(inventory), "--to", "validate", "--skip-mirror-check"]) == 0, said(capsys)
+    routes = pod_routes(info)
+    try:
+        capsys.readouterr()
+        started = time.monotonic()
+        assert run(["up", str(inventory), "--skip-mirror-check"]) == 0, said(capsys)
+        handoff_seconds = time.monotonic() - started
+        terminal = [capsys.readouterr()]
+        print(f"handoff: {handoff_seconds:.0f} s")
+
+        # Every Application Synced and Healthy: the root, the tiers and both tenants.
+        apps = {a["metadata"]["name"]: a for a in json.loads(kubectl(info, "get", "applications.argoproj.io", "-n",
+                                                                     "argocd", "-o", "json"))["items"]}
+        assert set(apps) == {f"{NAME}-root", "tenants-priority-classes", "tenant-vision", "tenant-speech"}
+        for name, app in apps.items():
+            assert app["status"]["sync"]["status"] == "Synced", (name, app["status"])
+            assert app["status"]["health"]["status"] == "Healthy", (name, app["status"])
+        # The tenants' objects are Argo CD's: created by its controller, from Git.
+        shown = json.loads(kubectl(info, "get", "resourcequota", "tenant-share", "-n", "vision", "-o", "json",
+                                   "--show-managed-fields"))
+        assert "argocd-controller" in {m["manager"] for m in shown["metadata"]["managedFields"]}
+        # Argo CD's own pods run the images the matrix names, pulled through the mirror.
+        pods = json.loads(kubectl(info, "get", "pods", "-n", "argocd", "-o", "json"))["items"]
+        assert {c["image"] for p in pods for c in p["spec"]["containers"]} <= set(info["images"])
+        assert all(c["ready"] for p in pods for c in p["status"].get("containerStatuses", [])
+                   if p["status"]["phase"] == "Running")
+
+        # RBAC from the bundle, judged by the real API server: a tenant's groups act in its
+        # namespace, not in the other tenant's, and not cluster-wide.
+        assert can_i(info, "oidc:vision", "create", "deployments", "vision")
+        assert not can_i(info, "oidc:vision", "create", "deployments", "speech")
+        assert can_i(info, "oidc:vision-leads", "create", "rolebindings", "vision")
+        assert not can_i(info, "oidc:vision", "create", "rolebindings", "vision")
+        assert can_i(info, "oidc:speech", "get", "pods", "speech")
+        assert not can_i(info, "oidc:speech", "get", "pods", "vision")
+        assert not can_i(info, "oidc:vision", "delete", "nodes", "default")
+
+        # More GPUs than the quota (0): refused at admission by the real ResourceQuota.
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "greedy", "namespace": "vision"},
+               "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                                        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+                                                            "capabilities": {"drop": ["ALL"]},
+                                                            "seccompProfile": {"type": "RuntimeDefault"}}}]}}
+        refused = subprocess.run([str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "create", "-f", "-"],
+                                 input=json.dumps(pod), capture_output=True, text=True, timeout=30)
+        assert refused.returncode != 0 and "exceeded quota: tenant-share" in refused.stderr, refused.stderr
+        assert "requests.nvidia.com/gpu" in refused.stderr
+
+        # Self-heal: a deleted NetworkPolicy and a raised quota are put back from Git.
+        kubectl(info, "delete", "networkpolicy", "default-deny", "-n", "speech")
+        healed = wait_for("default-deny back in speech", lambda: subprocess.run(
+            [str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "get", "networkpolicy", "default-deny",
+             "-n", "speech"], capture_output=True).returncode == 0)
+        kubectl(info, "patch", "resourcequota", "tenant-share", "-n", "vision", "--type", "merge",
+                "-p", json.dumps({"spec": {"hard": {"requests.cpu": "400"}}}))
+        reverted = wait_for("vision's quota back to 4 CPUs", lambda: json.loads(kubectl(
+            info, "get", "resourcequota", "tenant-share", "-n", "vision", "-o", "json"))["spec"]["hard"]["requests.cpu"] == "4")
+        print(f"self-heal: NetworkPolicy back in {healed:.0f} s, quota in {reverted:.0f} s")
+
+        # A second up through the handoff changes nothing.
+        assert run(["up", str(inventory), "--from", "gitops_handoff", "--force", "--skip-mirror-check"]) == 0, said(capsys)
+        terminal.append(capsys.readouterr())
+        assert phase_changes(info)["gitops_handoff"] == 0
+
+        # A tenant added to the inventory after the handoff: Git owns the directory, so up does
+        # not push it, says so, and `gitops diff` shows the files to commit.
+        data = yaml.safe_load(inventory.read_text())
+        data["all"]["vars"]["gpuboot"]["tenants"].append({"name": "robotics", "groups": ["oidc:robotics"],
+                                                          "priority_classes": ["batch"]})
+        inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+        assert run(["up", str(inventory), "--from", "gitops_handoff", "--skip-mirror-check"]) == 0, said(capsys)
+        out = capsys.readouterr()
+        terminal.append(out)
+        assert "notice" in out.out and "did not push" in out.out and "gitops diff" in out.out
+        assert run(["gitops", "diff", str(inventory), "--exit-code"]) == 1
+        out = capsys.readouterr()
+        terminal.append(out)
+        assert f"b/clusters/{NAME}/tenants/robotics/quota.yaml" in out.out
+        assert f"b/clusters/{NAME}/argocd/applications/tenant-robotics.yaml" in out.out
+        assert "robotics" not in kubectl(info, "get", "namespaces")
+
+        # The deploy key: in no terminal output, run log, artifact, state file or Git.
+        secret_lines = [line for line in git.deploy_key.read_text().splitlines() if line and "PRIVATE KEY" not in line]
+        texts = [t.out + t.err for t in terminal]
+        state_dir = info["kubeconfig"].parent
+        texts += [p.read_text(errors="replace") for p in state_dir.rglob("*") if p.is_file()]
+        clone = info["tmp"] / "clone"
+        assert git.git("clone", "--quiet", git.url, str(clone)).returncode == 0
+        texts += [p.read_text(errors="replace") for p in clone.rglob("*") if p.is_file() and ".git" not in p.parts]
+        assert texts and not any(line in text for text in texts for line in secret_lines)
+    finally:
+        for cidr, via in routes:
+            subprocess.run(["ip", "route", "del", cidr, "via", via], check=False)
