@@ -34,7 +34,7 @@ KUSTOMIZE_MODULE = "sigs.k8s.io/kustomize/kustomize/v5"
 DEFAULT_CACHE = Path.home() / ".cache" / "gpuboot" / "argocd"
 RECIPE_VERSION = "1"
 # What upstream's Dockerfile installs from Debian, plus what its shell and copies need.
-ARGOCD_PACKAGES = ["git", "openssh-client", "gpg", "tini", "coreutils", "dash", "ca-certificates"]
+ARGOCD_PACKAGES = ["git", "openssh-client", "gpg", "gpg-agent", "tini", "coreutils", "dash", "ca-certificates"]
 REDIS_PACKAGES = ["redis-server", "dash"]
 # The components are the one binary under these names (cmd/main.go picks by argv[0]).
 LINKS = ("argocd-server", "argocd-repo-server", "argocd-cmp-server", "argocd-application-controller",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuboot_lab import aptcache, firewall
+from gpuboot_lab import aptcache, firewall, gitserver
 from gpuboot_lab import mirror as lab_mirror
 from gpuboot_lab.errors import LabError
 from gpuboot_lab.image import ensure_image
@@ -269,7 +269,7 @@ class Lab:
         return removed
 
     def _stop_leftovers(self, network: str) -> list[str]:
-        """The lab's apt cache and mirror listen on its network's gateway. A lab whose state was
+        """The lab's apt cache, mirror and Git server listen on its network's gateway. A lab whose state was
         lost (its run was killed, or it was made under another state directory) still holds
         them: stop what listens there if it is one of them, so the next lab can bind again."""
         stopped = []
@@ -277,7 +277,8 @@ class Lab:
             # A registry the mirror started listens too: its process group leads to the mirror.
             listening = listeners_on(gateway)
             for pid in sorted(listening | {process_group(p) or p for p in listening}):
-                for program, whole_group in ((b"apt-cacher-ng", False), (lab_mirror.PROGRAM, True)):
+                for program, whole_group in ((b"apt-cacher-ng", False), (lab_mirror.PROGRAM, True),
+                                             (gitserver.PROGRAM, True)):
                     if stop_own_process(pid, program, group=whole_group):
                         stopped.append(f"leftover {program.decode().replace(chr(0), ' ')} pid {pid} on {gateway}")
         return stopped

@@ -13,8 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuboot_lab.errors import LabError
+from gpuboot_lab.process import listeners_on, stop_own_process
 
 SSHD = "/usr/sbin/sshd"
+# Its configuration file's name marks the lab's own sshd (what `lab down` may stop).
+CONFIG_NAME = "gpuboot-lab-git-sshd_config"
+PROGRAM = CONFIG_NAME.encode()
 
 
 @dataclass
@@ -62,7 +66,11 @@ class GitServer:
         if not self.repo_path.exists():
             subprocess.run(["git", "init", "--quiet", "--bare", "--initial-branch", "main", str(self.repo_path)],
                            check=True)
-        config = self.directory / "sshd_config"
+        # A Git server a killed run left on this address is stopped; anything else there is not ours.
+        for pid in listeners_on(self.address):
+            if f"{self.address}:{self.port}" in _listening_ports(pid) and not stop_own_process(pid, PROGRAM, group=True):
+                raise LabError(f"{self.address}:{self.port} is taken by pid {pid}", hint="stop it or pick another port")
+        config = self.directory / CONFIG_NAME
         config.write_text("\n".join([
             f"ListenAddress {self.address}:{self.port}", f"HostKey {host_key}",
             f"AuthorizedKeysFile {authorized}", f"PidFile {self.directory / 'sshd.pid'}",
@@ -102,3 +110,8 @@ class GitServer:
             except ProcessLookupError:
                 pass
             self.pid = None
+
+
+def _listening_ports(pid: int) -> str:
+    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=False).stdout
+    return " ".join(line.split()[3] for line in out.splitlines() if f"pid={pid}," in line)

@@ -9,6 +9,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpuboot_git import GitError, checkout, differing, git_env, head, read_tree, run_git
 
@@ -26,6 +28,17 @@ options:
 """
 
 
+def applications(files: dict[str, str]) -> list[str]:
+    """The Argo CD Applications the directory declares (the root first): what Argo CD will run
+    from Git, whether gpuboot pushed it now or Git already held it."""
+    names = []
+    for path, text in sorted(files.items(), key=lambda item: (item[0] != "argocd/root.yaml", item[0])):
+        if path.startswith("argocd/") and path.endswith(".yaml"):
+            names += [doc["metadata"]["name"] for doc in yaml.safe_load_all(text)
+                      if isinstance(doc, dict) and doc.get("kind") == "Application"]
+    return names
+
+
 def hand_over(params: dict, work: Path, check_mode: bool) -> dict:
     env = git_env(params["key_file"], params["known_hosts_file"], params["author"])
     url, branch = params["repo_url"], params["branch"]
@@ -36,11 +49,13 @@ def hand_over(params: dict, work: Path, check_mode: bool) -> dict:
     if have:
         changes = differing(have, want)
         if not changes:
-            return {"changed": False, "handoff": "unchanged", "commit": head(clone, env)}
+            return {"changed": False, "handoff": "unchanged", "commit": head(clone, env),
+                    "applications": applications(have)}
         # Git owns the directory now: its changes are people's, not gpuboot's to undo.
-        return {"changed": False, "handoff": "differs", "differs": changes, "commit": head(clone, env)}
+        return {"changed": False, "handoff": "differs", "differs": changes, "commit": head(clone, env),
+                "applications": applications(have)}
     if check_mode:
-        return {"changed": True, "handoff": "would push", "files": len(want)}
+        return {"changed": True, "handoff": "would push", "files": len(want), "applications": applications(want)}
     for relative, text in want.items():
         path = directory / relative
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,7 +63,8 @@ def hand_over(params: dict, work: Path, check_mode: bool) -> dict:
     run_git(["add", "--all", "--", params["directory"]], clone, env)
     run_git(["commit", "--quiet", "-m", f"gpuboot: hand {params['directory']} over to GitOps"], clone, env)
     run_git(["push", "--quiet", "origin", f"HEAD:refs/heads/{branch}"], clone, env)
-    return {"changed": True, "handoff": "pushed", "files": len(want), "commit": head(clone, env)}
+    return {"changed": True, "handoff": "pushed", "files": len(want), "commit": head(clone, env),
+            "applications": applications(want)}
 
 
 def main() -> None:

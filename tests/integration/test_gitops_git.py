@@ -103,6 +103,8 @@ def test_the_handoff_pushes_once_and_never_over_what_git_changed(server, invento
     third = _push(inventory)
     assert not third["changed"] and third["handoff"] == "differs"
     assert third["differs"] == ["tenants/llm-training/quota.yaml"]
+    # The handoff then waits for the Applications Git declares (here the same as pushed).
+    assert third["applications"] == first["applications"] and first["applications"][0] == "shared-root"
     capsys.readouterr()
     assert run(["gitops", "diff", str(inventory), "--exit-code"]) == 1
     shown = capsys.readouterr().out

@@ -1,5 +1,6 @@
 """The GitOps handoff for real (issue 15, point 4): a lab cluster made by `up` (one control plane,
-one worker, the Kubernetes built from Go modules, air-gapped behind the lab mirror), a real
+one GPU worker with the GPU Operator's doubles, the Kubernetes built from Go modules,
+air-gapped behind the lab mirror), a real
 Git server on the lab's gateway (Debian's sshd and git, the deploy key, the server's host key),
 and real Argo CD: its one binary built from github.com/argoproj/argo-cd/v3 at the matrix's
 version, kustomize from its Go module, helm from its own, in images that enter the mirror like
@@ -8,7 +9,9 @@ argo-helm chart cannot be had here) whose objects are Argo CD's own install mani
 same version (tests/support/argocd_chart.py).
 
 What it shows: `up` pushes the rendered repository, installs Argo CD, and waits until every
-Application is Synced and Healthy; a tenant's groups may act in its namespace and nowhere else
+Application is Synced and Healthy; Argo CD adopts the GPU Operator gpuboot installed on day 1
+(its chart rendered by Argo CD from the mirror with the values in Git) without changing an
+object, and a later `up` leaves that add-on to Argo CD; a tenant's groups may act in its namespace and nowhere else
 (the real API server's RBAC, through impersonation); a pod asking for more GPUs than the quota
 is refused by the real ResourceQuota admission; deleting a tenant's NetworkPolicy and raising its
 quota are both undone by Argo CD's self-heal; a second `up` changes nothing; a tenant added to the
@@ -26,6 +29,8 @@ import yaml
 from gpuboot.cli.main import run
 from gpuboot_lab.cluster import LabSpec
 from gpuboot_lab.gitserver import GitServer
+from tests.doubles.gpu_operator.operator import DoubleGpuOperator, Hardware
+from tests.support import addon_doubles
 from tests.support.addon_lab import addon_lab, kubectl, said
 from tests.support.argocd_chart import add_to_bundle
 from tests.support.reuse import PRODUCT, reuse_or_run
@@ -36,10 +41,14 @@ NAME = "gitops"
 SUBNET = "10.213.86.0/24"
 RELEASE = "k8s-1.34"
 GIT_PORT = 2222
+# One GPU worker, time-sliced: 2 L40S x 4 replicas = 8 nvidia.com/gpu for the tenants' quotas.
+GPU_NODE = f"{NAME}-gpu1"
+GPU_SETTINGS = {"os": "debian-12", "gpu": {"model": "L40S-48GB", "count": 2, "driver": "preinstalled",
+                                          "time_slicing_replicas": 4}}
 TENANTS = [
     {"name": "vision", "groups": ["oidc:vision"], "admin_groups": ["oidc:vision-leads"],
-     "quota": {"gpu": 0, "cpu": "4", "memory": "8Gi", "pods": 20}, "priority_classes": ["training", "batch"]},
-    {"name": "speech", "groups": ["oidc:speech"], "quota": {"gpu": 0, "cpu": "2", "memory": "4Gi"},
+     "quota": {"gpu": 4, "cpu": "4", "memory": "8Gi", "pods": 20}, "priority_classes": ["training", "batch"]},
+    {"name": "speech", "groups": ["oidc:speech"], "quota": {"gpu": 2, "cpu": "2", "memory": "4Gi"},
      "priority_classes": ["batch"]},
 ]
 
@@ -54,7 +63,7 @@ def unchanged(request):
 
 @pytest.fixture
 def gitops_cluster(lab, tmp_path, monkeypatch, capsys):
-    spec = LabSpec(name=NAME, control_planes=1, workers=1, gpu_workers=0, subnet=SUBNET, flavour="kubernetes",
+    spec = LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=1, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)
     with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:
         gateway = SUBNET.replace(".0/24", ".1")
@@ -65,10 +74,19 @@ def gitops_cluster(lab, tmp_path, monkeypatch, capsys):
                 "repo_url": git.url, "branch": "main", "credentials_file": str(git.deploy_key),
                 "known_hosts_file": str(git.known_hosts)}
             data["all"]["vars"]["gpuboot"]["tenants"] = TENANTS
+            # A broken add-on must be reported within the test's patience, not the product's.
+            data["all"]["vars"]["argocd_ready_timeout"] = 300
+            data["all"]["vars"]["gpu_operator_ready_timeout"] = 60
             node_lab.write(data)
-            images = add_to_bundle(node_lab.bundle, RELEASE, node_lab.helm)
+            host_vars = node_lab.inventory.parent / "host_vars"
+            host_vars.mkdir()
+            (host_vars / f"{GPU_NODE}.yml").write_text(yaml.safe_dump({"gpuboot_node": GPU_SETTINGS}))
+            images = addon_doubles.add_to_bundle(node_lab.bundle, node_lab.inventory, node_lab.helm)
+            images += add_to_bundle(node_lab.bundle, RELEASE, node_lab.helm)
             node_lab.start_mirror()
-            yield node_lab.info(git=git, images=images, tmp=tmp_path)
+            with DoubleGpuOperator(node_lab.kubectl, node_lab.kubeconfig,
+                                   {GPU_NODE: Hardware("NVIDIA-L40S", "0x26b9", 2)}):
+                yield node_lab.info(git=git, images=images, tmp=tmp_path)
         finally:
             git.stop()
 
@@ -112,6 +130,10 @@ def test_up_hands_the_cluster_to_argo_cd_and_git_owns_the_tenants(unchanged, git
     # Up to the gate, then the lab's router learns the pod routes, then the handoff.
     assert run(["up", str(inventory), "--to", "validate", "--skip-mirror-check"]) == 0, said(capsys)
     routes = pod_routes(info)
+    # What gpuboot installed on day 1, before Argo CD: adoption must not change it.
+    day1 = {kind: json.loads(kubectl(info, "get", kind, "-n", "gpu-operator", "-o", "json"))["items"]
+            for kind in ("deployments", "configmaps")}
+    day1_policy = json.loads(kubectl(info, "get", "clusterpolicies.nvidia.com", "cluster-policy", "-o", "json"))
     try:
         capsys.readouterr()
         started = time.monotonic()
@@ -123,10 +145,27 @@ def test_up_hands_the_cluster_to_argo_cd_and_git_owns_the_tenants(unchanged, git
         # Every Application Synced and Healthy: the root, the tiers and both tenants.
         apps = {a["metadata"]["name"]: a for a in json.loads(kubectl(info, "get", "applications.argoproj.io", "-n",
                                                                      "argocd", "-o", "json"))["items"]}
-        assert set(apps) == {f"{NAME}-root", "tenants-priority-classes", "tenant-vision", "tenant-speech"}
+        assert set(apps) == {f"{NAME}-root", "tenants-priority-classes", "tenant-vision", "tenant-speech",
+                             "addon-gpu-operator"}
         for name, app in apps.items():
             assert app["status"]["sync"]["status"] == "Synced", (name, app["status"])
             assert app["status"]["health"]["status"] == "Healthy", (name, app["status"])
+        # The GPU Operator's chart, rendered by Argo CD from the mirror with the values in Git, is
+        # what gpuboot applied: adopted without a change (no object's spec generation moved).
+        gpu = apps["addon-gpu-operator"]
+        assert {r["kind"] for r in gpu["status"]["resources"]} >= {"Deployment", "ClusterPolicy", "ConfigMap"}
+        after = {kind: {o["metadata"]["name"]: o for o in json.loads(kubectl(
+            info, "get", kind, "-n", "gpu-operator", "-o", "json"))["items"]} for kind in ("deployments", "configmaps")}
+        for kind, objects in day1.items():
+            for before in objects:
+                now = after[kind][before["metadata"]["name"]]
+                assert now["metadata"].get("generation") == before["metadata"].get("generation"), before["metadata"]["name"]
+                assert now.get("data") == before.get("data") and now.get("spec") == before.get("spec")
+        policy = json.loads(kubectl(info, "get", "clusterpolicies.nvidia.com", "cluster-policy", "-o", "json",
+                                    "--show-managed-fields"))
+        assert policy["metadata"]["generation"] == day1_policy["metadata"]["generation"]
+        assert {"gpuboot", "argocd-controller"} <= {m["manager"] for m in policy["metadata"]["managedFields"]}
+
         # The tenants' objects are Argo CD's: created by its controller, from Git.
         shown = json.loads(kubectl(info, "get", "resourcequota", "tenant-share", "-n", "vision", "-o", "json",
                                    "--show-managed-fields"))
@@ -147,10 +186,10 @@ def test_up_hands_the_cluster_to_argo_cd_and_git_owns_the_tenants(unchanged, git
         assert not can_i(info, "oidc:speech", "get", "pods", "vision")
         assert not can_i(info, "oidc:vision", "delete", "nodes", "default")
 
-        # More GPUs than the quota (0): refused at admission by the real ResourceQuota.
+        # More GPUs than the quota (4): refused at admission by the real ResourceQuota.
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "greedy", "namespace": "vision"},
                "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
-                                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                                        "resources": {"limits": {"nvidia.com/gpu": "5"}},
                                         "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
                                                             "capabilities": {"drop": ["ALL"]},
                                                             "seccompProfile": {"type": "RuntimeDefault"}}}]}}
@@ -170,10 +209,13 @@ def test_up_hands_the_cluster_to_argo_cd_and_git_owns_the_tenants(unchanged, git
             info, "get", "resourcequota", "tenant-share", "-n", "vision", "-o", "json"))["spec"]["hard"]["requests.cpu"] == "4")
         print(f"self-heal: NetworkPolicy back in {healed:.0f} s, quota in {reverted:.0f} s")
 
-        # A second up through the handoff changes nothing.
-        assert run(["up", str(inventory), "--from", "gitops_handoff", "--force", "--skip-mirror-check"]) == 0, said(capsys)
-        terminal.append(capsys.readouterr())
-        assert phase_changes(info)["gitops_handoff"] == 0
+        # A second up of the GPU Operator and the handoff changes nothing: the add-on is Argo CD's
+        # now, so its phase says so and leaves it alone.
+        assert run(["up", str(inventory), "--from", "gpu_operator", "--force", "--skip-mirror-check"]) == 0, said(capsys)
+        out = capsys.readouterr()
+        terminal.append(out)
+        assert "gpu-operator is owned by Argo CD (application.argoproj.io/addon-gpu-operator)" in out.out
+        assert phase_changes(info)["gitops_handoff"] == 0 and phase_changes(info)["gpu_operator"] == 0
 
         # A tenant added to the inventory after the handoff: Git owns the directory, so up does
         # not push it, says so, and `gitops diff` shows the files to commit.

@@ -16,6 +16,7 @@ from tests.support.modules import load_module
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "inventories" / "sample" / "inventory.yml"
 apps = load_module("gpuboot_argocd_apps")
+push = load_module("gpuboot_gitops_push")
 
 
 def app(name: str, sync: str = "Synced", health: str = "Healthy", **status) -> dict:
@@ -59,10 +60,11 @@ def test_up_hands_the_phase_the_rendered_repository_with_its_key_files():
     assert set(data["files"]) == {str(p.relative_to(rendered.root)) for p in rendered.render()}
     assert data["key_file"] == "/etc/gpuboot/secrets/gitops-deploy-key"
     assert data["known_hosts_file"] == "/etc/gpuboot/gitops-known-hosts"
-    # Every Application the repository holds is waited for, the root first.
-    root = yaml.safe_load(data["files"]["argocd/root.yaml"])
-    assert data["applications"][0] == root["metadata"]["name"] == "h200-prod-root"
-    assert {"addon-calico", "addon-gpu-operator", "tenant-research"} <= set(data["applications"])
+    # The handoff waits for every Application the directory declares, the root first.
+    names = push.applications(data["files"])
+    assert names[0] == yaml.safe_load(data["files"]["argocd/root.yaml"])["metadata"]["name"] == "h200-prod-root"
+    assert {"addon-calico", "addon-gpu-operator", "tenant-research"} <= set(names)
+    assert len(names) == len(set(names)) == 1 + len(rendered.applications)
     # Other phases get nothing of it: rendering the repository is the handoff's cost alone.
     assert all(p.extravars(cluster) == {} for p in UP if p.name != "gitops_handoff")
 

@@ -209,9 +209,7 @@ def _gitops_repository(cluster: Cluster) -> dict:
         # Relative paths are the inventory's own files, as validation read them.
         "key_file": str(resolve_path(gitops.credentials_file, base)),
         "known_hosts_file": str(resolve_path(gitops.known_hosts_file, base)),
-        "files": {str(path.relative_to(repository.root)): text for path, text in files.items()},
-        "applications": [f"{cluster.settings.cluster_name}-root"]
-                        + [app["metadata"]["name"] for app in repository.applications]}}
+        "files": {str(path.relative_to(repository.root)): text for path, text in files.items()}}}
 
 
 def _endpoint_unbuilt(settings: GpubootSettings) -> str | None:
