@@ -19,6 +19,7 @@ inventory afterwards is not pushed over Git (the run says so) and `gitops diff` 
 deploy key is in no output, log or file gpuboot wrote."""
 from __future__ import annotations
 
+import difflib
 import json
 import subprocess
 import time
@@ -159,8 +160,11 @@ def test_up_hands_the_cluster_to_argo_cd_and_git_owns_the_tenants(unchanged, git
         for kind, objects in day1.items():
             for before in objects:
                 now = after[kind][before["metadata"]["name"]]
+                changed = "".join(difflib.unified_diff(
+                    json.dumps({k: before.get(k) for k in ("spec", "data")}, indent=1, sort_keys=True).splitlines(True),
+                    json.dumps({k: now.get(k) for k in ("spec", "data")}, indent=1, sort_keys=True).splitlines(True)))
+                assert not changed, f"{kind}/{before['metadata']['name']} changed by the adoption:\n{changed}"
                 assert now["metadata"].get("generation") == before["metadata"].get("generation"), before["metadata"]["name"]
-                assert now.get("data") == before.get("data") and now.get("spec") == before.get("spec")
         policy = json.loads(kubectl(info, "get", "clusterpolicies.nvidia.com", "cluster-policy", "-o", "json",
                                     "--show-managed-fields"))
         assert policy["metadata"]["generation"] == day1_policy["metadata"]["generation"]

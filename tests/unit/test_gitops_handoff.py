@@ -98,3 +98,11 @@ def test_what_gpuboot_keeps_applying_after_the_handoff_is_what_the_repository_le
     for addon in repo.ADDONS:
         application = yaml.safe_load(files[Path("clusters/h200-prod/argocd/applications") / f"addon-{addon.name}.yaml"])
         assert application["metadata"]["labels"][repo.CHART_RELEASE_LABEL] == addon.release
+
+
+def test_only_an_application_whose_comparison_failed_is_refreshed():
+    starting = app("root", "Unknown", "Healthy", conditions=[
+        {"type": "ComparisonError", "message": "dial tcp 10.0.0.1:8081: connect: connection refused"}])
+    assert apps.comparison_failed(starting)
+    assert not apps.comparison_failed(app("root"))
+    assert not apps.comparison_failed(app("t", "OutOfSync", conditions=[{"type": "SyncError", "message": "x"}]))
