@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(podman runc mmdebstrap apt-cacher-ng uidmap nftables iproute2 openssh-client openssh-server
+packages=(podman runc mmdebstrap apt-cacher-ng uidmap nftables iproute2 openssh-client openssh-server git
           docker-registry skopeo busybox-static etcd-server
           qemu-system-x86 qemu-utils e2fsprogs openssl)
 missing=()
