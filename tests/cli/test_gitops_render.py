@@ -203,3 +203,12 @@ def test_a_directory_gpuboot_did_not_write_for_this_cluster_is_left_alone(tmp_pa
     assert run(["gitops", "render", str(inventory), "--out", str(tmp_path / "repo")]) != 0
     assert "cluster other's" in capsys.readouterr().err
     assert (theirs / "x.yaml").is_file()
+
+
+def test_diff_says_what_it_needs_before_touching_git(tmp_path: Path, capsys):
+    # No gitops at all, then gitops without the deploy key and host key: located, no Git contacted.
+    assert run(["gitops", "diff", str(CASES["mixed-fleet"])]) == 2
+    assert "gpuboot.gitops is not set" in capsys.readouterr().err
+    assert run(["gitops", "diff", str(with_gitops(CASES["mixed-fleet"], tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert "credentials_file and known_hosts_file" in err and "ssh-keyscan" in err
