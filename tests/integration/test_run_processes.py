@@ -39,9 +39,17 @@ def _site(tmp_path: Path) -> tuple[Path, Path]:
     return play, inventory
 
 
+def _cmdline(pid: int) -> bytes:
+    # A marked process can end between the listing and this read (an Ansible worker's
+    # short-lived helpers do): it is then no sleep of ours.
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
 def _sleeps(mark_root: Path) -> list[int]:
-    return [p for p in processes.marked(mark_root)
-            if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep\x00300\x00")]
+    return [p for p in processes.marked(mark_root) if _cmdline(p).startswith(b"sleep\x00300\x00")]
 
 
 def _wait_for(condition, timeout: float = 60) -> None:
@@ -55,10 +63,20 @@ def test_a_cancelled_playbook_leaves_no_worker_and_no_command_behind(tmp_path):
     play, inventory = _site(tmp_path)
     artifacts = tmp_path / "runs" / "r1" / "phases"
     cancel = threading.Event()
-    watcher = threading.Thread(target=lambda: (_wait_for(lambda: len(_sleeps(tmp_path)) == 3), cancel.set()))
+    seen: list[bool] = []
+
+    def cancel_once_every_host_sleeps() -> None:
+        try:  # cancel whatever happens, so a failed wait cannot leave the playbook 300 s to run
+            _wait_for(lambda: len(_sleeps(tmp_path)) == 3)
+            seen.append(True)
+        finally:
+            cancel.set()
+
+    watcher = threading.Thread(target=cancel_once_every_host_sleeps)
     watcher.start()
     result = run_playbook(PlaybookRun(play, inventory, artifacts, "p"), lambda e: None, cancel=cancel)
     watcher.join()
+    assert seen, "the three hosts' sleep commands were not all seen running before the cancel"
     assert result.status == "canceled"
     # Ansible's workers run in sessions of their own: ansible-runner's kill does not reach them.
     assert processes.marked(tmp_path) == []
