@@ -79,6 +79,12 @@ class Release(BaseModel):
         refs = self.images.get(component) or []
         return list(refs.values()) if isinstance(refs, dict) else list(refs)
 
+    @property
+    def optional_components(self) -> frozenset[str]:
+        """Components a cluster turns on itself (`optional: true`): planned only for those that do."""
+        return frozenset(name for name, body in (self.model_extra or {}).items()
+                         if isinstance(body, dict) and body.get("optional"))
+
     def precompiled_kernels(self, os_tag: str) -> list[str]:
         """Kernels with a published precompiled GPU driver image for this OS tag."""
         gpu = (self.model_extra or {}).get("gpu_operator") or {}

@@ -208,3 +208,66 @@ def test_argocd_objects_pass_argocds_own_schema(api, tmp_path: Path):
     refused = api.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict", "-f", "-",
                           stdin=json.dumps(bad), check=False)
     assert refused.returncode != 0 and "selfheal" in refused.stderr
+
+
+KAI_QUEUE_CRD = ROOT / "tests" / "doubles" / "kai_scheduler" / "queues-crd.yaml"
+TENANTS = ("llm-training", "inference", "notebooks", "batch-jobs")
+
+
+def _labelled(obj: str, queue: str) -> str:
+    body = json.loads(obj)
+    body["metadata"]["labels"] = {"kai.scheduler/queue": queue}
+    return json.dumps(body)
+
+
+def test_kai_queues_follow_the_quotas_and_a_tenant_names_only_its_own_queue(api, four_tenants):
+    """The queues pass a strict server-side apply against a double of KAI's Queue CRD (KAI's chart
+    cannot be had here), and the admission rule is the real API server's own: in a tenant's
+    namespace, a pod or any other object naming another tenant's queue is refused."""
+    api.kubectl("apply", "--server-side", "-f", str(KAI_QUEUE_CRD))
+    _established(api, "queues.scheduling.run.ai")
+    built = api.kubectl("kustomize", str(four_tenants / "tenants" / "queues")).stdout
+    applied = api.kubectl("apply", "--server-side", "--validate=strict", "--field-manager", "argocd-controller",
+                          "-f", "-", stdin=built, check=False)
+    assert applied.returncode == 0, applied.stderr
+    queues = {q["metadata"]["name"]: q["spec"] for q in json.loads(
+        api.kubectl("get", "queues.scheduling.run.ai", "-o", "json").stdout)["items"]}
+    assert set(queues) == {"gpuboot-tenants", *TENANTS}
+    assert all(queues[t]["parentQueue"] == "gpuboot-tenants" for t in TENANTS)
+    # From the quotas: GPUs as counted, CPU in millicores, memory in megabytes (10^6 bytes).
+    assert queues["llm-training"]["resources"] == {
+        "gpu": {"quota": 24, "limit": 24, "overQuotaWeight": 3},
+        "cpu": {"quota": 512000, "limit": 512000, "overQuotaWeight": 3},
+        "memory": {"quota": 4398046, "limit": 4398046, "overQuotaWeight": 3}}
+    # batch-jobs sets no CPU or memory quota: no guaranteed share, no limit; and takes nothing over quota.
+    assert queues["batch-jobs"]["resources"]["cpu"] == {"quota": 0, "limit": -1, "overQuotaWeight": 0}
+    assert queues["gpuboot-tenants"]["resources"]["gpu"] == {"quota": 24 + 32 + 0 + 8, "limit": -1,
+                                                             "overQuotaWeight": 1}
+    # The schema check can fail: a field KAI does not have is refused.
+    bad = {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": "x"},
+           "spec": {"resources": {"gpu": {"quota": 1, "overquotaWeight": 1}}}}
+    refused = api.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict", "-f", "-",
+                          stdin=json.dumps(bad), check=False)
+    assert refused.returncode != 0 and "overquotaWeight" in refused.stderr
+
+    # A ValidatingAdmissionPolicy takes effect once the API server has loaded it: wait for the first refusal.
+    deadline = time.monotonic() + 60
+    while True:
+        other = _try(api, "llm-training", _labelled(_pod("borrow", gpus=1, priority="training"), "inference"))
+        if other.returncode != 0:
+            break
+        assert time.monotonic() < deadline, "a pod naming another tenant's queue was still admitted after 60 s"
+        time.sleep(1)
+    assert "kai.scheduler/queue may only name the queue of tenant llm-training" in other.stderr, other.stderr
+    own = _try(api, "llm-training", _labelled(_pod("mine", gpus=1, priority="training"), "llm-training"))
+    assert own.returncode == 0, own.stderr
+    assert _try(api, "llm-training", _pod("unlabelled", gpus=1, priority="training")).returncode == 0
+    # KAI reads the queue from a workload's top owner: the rule holds for every kind, not pods alone.
+    job = json.dumps({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"},
+                      "spec": {"template": {"spec": {**json.loads(_pod("t", gpus=1, priority="training"))["spec"],
+                                                     "restartPolicy": "Never"}}}})
+    foreign = api.kubectl("create", "-n", "llm-training", "--dry-run=server", "-f", "-",
+                          stdin=_labelled(job, "inference"), check=False)
+    assert foreign.returncode != 0 and "may only name the queue of tenant llm-training" in foreign.stderr
+    assert api.kubectl("create", "-n", "llm-training", "--dry-run=server", "-f", "-",
+                       stdin=_labelled(job, "llm-training"), check=False).returncode == 0

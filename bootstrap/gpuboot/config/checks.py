@@ -301,7 +301,8 @@ GPU = "nvidia.com/gpu"
 # Namespaces of the cluster itself and of what gpuboot installs: a tenant bundle there would
 # put a quota and a default-deny policy on the cluster's own pods.
 RESERVED_NAMESPACES = frozenset({"default", "argocd", "gpu-operator", "nvidia-network-operator", "tigera-operator",
-                                 "calico-system", "calico-apiserver"})
+                                 "calico-system", "calico-apiserver", "kai-scheduler", "kai-resource-reservation",
+                                 "kai-scale-adjust"})
 
 
 def tenants(settings: GpubootSettings, offered: dict[str, int] | None, where: Where) -> list[Problem]:
@@ -333,6 +334,65 @@ def tenants(settings: GpubootSettings, offered: dict[str, int] | None, where: Wh
                                     f"tenant {tenant.name} is defined twice (also tenants[{seen[tenant.name]}])",
                                     "merge them or rename one"))
         seen.setdefault(tenant.name, index)
+    return problems
+
+
+def vclusters(settings: GpubootSettings, nodes: list[Node], where: Where) -> list[Problem]:
+    """A tenant's vCluster comes through the GitOps repository, its control plane runs as root, and
+    its network policy names the API servers by their addresses."""
+    problems: list[Problem] = []
+    named = [n for n in nodes if "control_plane" in n.groups and not _is_ipv4(n.address)]
+    for index, tenant in enumerate(settings.tenants):
+        if not tenant.vcluster.enabled:
+            continue
+        place = where.child("tenants", index, "vcluster", "enabled")
+        if named:
+            problems.append(Problem(where.file, place.line, f"gpuboot.tenants[{index}].vcluster.enabled",
+                                    f"tenant {tenant.name}'s vCluster reaches the API servers through a network policy "
+                                    "that names them by IP address, and "
+                                    + ", ".join(f"{n.name} is at {n.address!r}" for n in named[:3]),
+                                    "give the control planes their IP addresses as ansible_host"))
+        if settings.gitops is None:
+            problems.append(Problem(where.file, place.line, f"gpuboot.tenants[{index}].vcluster.enabled",
+                                    f"tenant {tenant.name}'s vCluster is installed by Argo CD from the GitOps "
+                                    "repository, and this inventory has no gpuboot.gitops",
+                                    "set gpuboot.gitops (repo_url, credentials_file, known_hosts_file), or turn the "
+                                    "vCluster off"))
+        if tenant.pod_security == "restricted":
+            problems.append(Problem(where.file, place.line, f"gpuboot.tenants[{index}].vcluster.enabled",
+                                    f"tenant {tenant.name} enforces pod security restricted, and vCluster's control "
+                                    "plane runs as root (the chart's default): its pod would be refused",
+                                    "set the tenant's pod_security to baseline, or turn the vCluster off"))
+    return problems
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def kai_scheduler(settings: GpubootSettings, where: Where) -> list[Problem]:
+    """KAI comes through the GitOps repository, and its queues are named after the tenants."""
+    kai = settings.kai_scheduler
+    if not kai.enabled:
+        return []
+    problems: list[Problem] = []
+    if settings.gitops is None:
+        problems.append(Problem(where.file, where.child("kai_scheduler", "enabled").line, "gpuboot.kai_scheduler.enabled",
+                                "the KAI scheduler is installed by Argo CD from the GitOps repository, and this "
+                                "inventory has no gpuboot.gitops",
+                                "set gpuboot.gitops (repo_url, credentials_file, known_hosts_file), or turn "
+                                "kai_scheduler off"))
+    for index, tenant in enumerate(settings.tenants):
+        if tenant.name == kai.parent_queue:
+            problems.append(Problem(where.file, where.child("tenants", index, "name").line,
+                                    f"gpuboot.tenants[{index}].name",
+                                    f"tenant {tenant.name} has the name of the KAI parent queue its queue would hang "
+                                    "under (queues are named after tenants)",
+                                    "rename the tenant or set gpuboot.kai_scheduler.parent_queue"))
     return problems
 
 

@@ -150,6 +150,8 @@ def _validated(path: Path, check_files: bool, releases_dir: Path | None, *, loca
         problems += checks.addresses(settings, nodes, where)
         problems += checks.references(settings, nodes, where, inv.path, check_files=check_files)
         problems += checks.tenants(settings, offered, where)
+        problems += checks.kai_scheduler(settings, where)
+        problems += checks.vclusters(settings, nodes, where)
     if problems:
         raise InventoryError(problems)
     assert settings is not None

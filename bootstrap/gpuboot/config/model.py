@@ -268,6 +268,18 @@ class TenantDefaults(Strict):
     memory: Quantity = "256Mi"
 
 
+class TenantVCluster(Strict):
+    """A virtual control plane of the tenant's own (vCluster, Kubernetes distro) in its namespace,
+    installed by Argo CD from the GitOps repository. The pods it syncs run in the namespace, under
+    the tenant's quota, limits, network policies and lowest priority tier."""
+
+    enabled: bool = False
+    # Its state lives on a PersistentVolumeClaim: the cluster needs a StorageClass (unset: the
+    # default one). gpuboot installs none.
+    storage_class: Annotated[str, Field(pattern=DNS_NAME, max_length=253)] | None = None
+    storage_size: Quantity = "5Gi"
+
+
 GroupName = Annotated[str, Field(pattern=GROUP_NAME)]
 # The cluster's priority tiers, highest first (P0-P3); a tenant names those its pods may use.
 PRIORITY_TIERS = ("serving", "training", "interactive", "batch")
@@ -287,6 +299,10 @@ class Tenant(Strict):
     # Pod Security Admission level enforced on the namespace (restricted is always warned).
     pod_security: Literal["privileged", "baseline", "restricted"] = "baseline"
     defaults: TenantDefaults = TenantDefaults()
+    # With gpuboot.kai_scheduler: how much of what is left over the queues' quotas this
+    # tenant's queue gets, relative to the others' (0: nothing beyond its quota).
+    over_quota_weight: int = Field(1, ge=0)
+    vcluster: TenantVCluster = TenantVCluster()
 
     @model_validator(mode="before")
     @classmethod
@@ -307,6 +323,16 @@ class Tenant(Strict):
         return value
 
 
+class KaiScheduler(Strict):
+    """NVIDIA's KAI scheduler for the tenants' GPU work: installed by Argo CD from the GitOps
+    repository (gpuboot renders its Application and values; `up` never installs it), with one
+    queue per tenant derived from the tenant's quota (gpuboot/gitops/queues.py)."""
+
+    enabled: bool = False
+    # The queue every tenant's queue hangs under.
+    parent_queue: DnsLabel = "gpuboot-tenants"
+
+
 class GpubootSettings(Strict):
     cluster_name: DnsLabel
     release: Annotated[str, Field(pattern=RELEASE_NAME)]
@@ -321,6 +347,7 @@ class GpubootSettings(Strict):
     network_operator: NetworkOperator = NetworkOperator()
     gitops: GitOps | None = None
     tenants: list[Tenant] = []
+    kai_scheduler: KaiScheduler = KaiScheduler()
     # Ansible host patterns (hosts or groups) of the inventory that gpuboot leaves alone:
     # monitoring boxes, storage, ... Every other host must be in a gpuboot group.
     ignored_hosts: list[Annotated[str, Field(pattern=HOST_PATTERN)]] = []

@@ -10,6 +10,8 @@ Under gpuboot.gitops.path (one directory per cluster):
     addons/<addon>/base/         the objects gpuboot applied beside the chart
     addons/<addon>/overlays/<cluster>/   the cluster's patches (none at handoff)
     tenants/priority-classes/    the tiers tenants name
+    tenants/queues/              with gpuboot.kai_scheduler: a KAI queue per tenant, and the
+                                 admission rule that keeps each tenant in its own
     tenants/<tenant>/            one bundle per tenant
 
 The add-ons' files come from the same role templates and inputs as `gpuboot up` (the render
@@ -31,7 +33,9 @@ import yaml
 from gpuboot import content
 from gpuboot.config.model import Cluster, GitOps
 from gpuboot.errors import UsageError
+from gpuboot.gitops import queues as kai_queues
 from gpuboot.gitops import tenants as tenancy
+from gpuboot.gitops import vclusters
 from gpuboot.phases.render import phase_files
 
 ARGOCD_NAMESPACE = "argocd"
@@ -65,6 +69,12 @@ ADDONS = (
     Addon("network-operator", "network_operator", "network_operator", "network-operator", "network_operator"),
     Addon("gpu-operator", "gpu_operator", "gpu_operator", "gpu-operator", "gpu_operator"),
 )
+# Installed by Argo CD alone (gpuboot.kai_scheduler): no phase of `up` installs it.
+KAI_SCHEDULER = "kai-scheduler"
+# An Application whose objects' kinds come from another Application's CRDs: Argo CD's dry run
+# would fail until they exist, so it skips it for those, and the sync retries until they do.
+WAITS_FOR_CRDS = {"syncOptions": ["SkipDryRunOnMissingResource=true"],
+                  "retry": {"limit": -1, "backoff": {"duration": "10s", "factor": 2, "maxDuration": "3m"}}}
 
 
 def dump(objects: list[dict]) -> str:
@@ -84,6 +94,7 @@ class Repository:
         self.extravars = cluster.extravars()
         self.files: dict[Path, str] = {}
         self.applications: list[dict] = []
+        self.chart_keys: list[str] = []  # the matrix's charts the Applications render
 
     # -- layout -------------------------------------------------------------------------
     def add(self, relative: str | Path, text: str) -> None:
@@ -97,6 +108,7 @@ class Repository:
     def render(self) -> dict[Path, str]:
         for addon in ADDONS:
             self.addon(addon)
+        self.kai_scheduler()
         self.tenants()
         self.argocd()
         return dict(sorted(self.files.items()))
@@ -117,21 +129,59 @@ class Repository:
         self.add(Path("addons") / addon.name / "values.yaml", files["values.yaml"])
         namespace = next(doc["metadata"]["name"] for doc in yaml.safe_load_all(files["namespace.yaml"])
                          if doc and doc.get("kind") == "Namespace")
-        self.applications.append(self.addon_application(addon, namespace))
+        self.applications.append(self.addon_application(addon.name, addon.chart, namespace, release=addon.release,
+                                                         adopted=True))
 
-    def chart_source(self, addon: Addon) -> dict:
-        chart = self.extravars["gpuboot_release"][addon.chart]["chart"]
+    def kai_scheduler(self) -> None:
+        """KAI, when the inventory turns it on: its chart from the mirror with gpuboot's values, and
+        its namespace. No phase of `up` installs it, so this Application is its only installer."""
+        if not self.cluster.settings.kai_scheduler.enabled:
+            return
+        directory = Path("addons") / KAI_SCHEDULER
+        namespace = {"apiVersion": "v1", "kind": "Namespace",
+                     "metadata": {"name": KAI_SCHEDULER, "labels": {"app.kubernetes.io/managed-by": "gpuboot"}}}
+        self.add(directory / "base" / "namespace.yaml", dump([namespace]))
+        self.add_kustomization(directory / "base", ["namespace.yaml"])
+        self.add_kustomization(directory / "overlays" / self.cluster.settings.cluster_name, ["../../base"])
+        values = kai_queues.kai_values(self.extravars["gpuboot_release"]["kai_scheduler"])
+        self.add(directory / "values.yaml", yaml.safe_dump(values, sort_keys=False))
+        self.applications.append(self.addon_application(KAI_SCHEDULER, "kai_scheduler", KAI_SCHEDULER,
+                                                        release=KAI_SCHEDULER, adopted=False))
+
+    def chart_source(self, chart_key: str) -> dict:
+        chart = self.extravars["gpuboot_release"][chart_key]["chart"]
         registry = self.cluster.settings.mirror.registry
         # From the mirror: OCI charts/<name>:<version>, the repository `gpuboot mirror push` fills.
-        repo = f"{registry}/charts" if registry else chart["repository"]
+        # Argo CD names a Helm OCI repository without its scheme (a repository Secret with
+        # enableOCI says how to reach it: the handoff's for the mirror, public_oci_repositories else).
+        repo = f"{registry}/charts" if registry else chart["repository"].removeprefix("oci://")
         return {"repoURL": repo, "chart": chart["name"], "targetRevision": str(chart["version"])}
 
-    def addon_application(self, addon: Addon, namespace: str) -> dict:
-        directory = self.root / "addons" / addon.name
-        source = self.chart_source(addon)
-        source["helm"] = {"releaseName": addon.release, "valueFiles": [f"$values/{directory}/values.yaml"]}
+    def public_oci_repositories(self) -> list[dict]:
+        """Without a mirror, each upstream OCI chart repository an Application names, declared to
+        Argo CD as OCI. They hold no credential (public registries), so they can live in Git."""
+        if self.cluster.settings.mirror.registry:
+            return []
+        oci = sorted({chart["repository"].removeprefix("oci://") for chart in (
+            self.extravars["gpuboot_release"][key]["chart"] for key in self.chart_keys)
+            if chart["repository"].startswith("oci://")})
+        return [{"apiVersion": "v1", "kind": "Secret",
+                 "metadata": {"name": "chart-repository-" + url.replace("/", "-").replace(".", "-"),
+                              "namespace": ARGOCD_NAMESPACE,
+                              "labels": {"argocd.argoproj.io/secret-type": "repository"}},
+                 "type": "Opaque", "stringData": {"type": "helm", "url": url, "enableOCI": "true"}}
+                for url in oci]
+
+    def addon_application(self, name: str, chart_key: str, namespace: str, *, release: str, adopted: bool) -> dict:
+        """An add-on's chart, rendered by Argo CD from the mirror with the values in Git. `adopted`:
+        `up` installed it on day 1 (the label tells a later `up` that Argo CD owns it now)."""
+        directory = self.root / "addons" / name
+        source = self.chart_source(chart_key)
+        self.chart_keys.append(chart_key)
+        source["helm"] = {"releaseName": release, "valueFiles": [f"$values/{directory}/values.yaml"]}
         git = {"repoURL": self.gitops.repo_url, "targetRevision": self.gitops.branch}
-        return self.application(f"addon-{addon.name}", PLATFORM_PROJECT, namespace, release=addon.release, sources=[
+        return self.application(f"addon-{name}", PLATFORM_PROJECT, namespace, release=release if adopted else None,
+                                sources=[
             source,
             {**git, "ref": "values"},
             {**git, "path": str(directory / "overlays" / self.cluster.settings.cluster_name)},
@@ -156,18 +206,50 @@ class Repository:
         self.add_kustomization(tiers, ["priority-classes.yaml"])
         self.applications.append(self.application("tenants-priority-classes", PLATFORM_PROJECT, None,
                                                   path=str(self.root / tiers)))
+        kai = settings.kai_scheduler
+        if kai.enabled:
+            queues = Path("tenants") / "queues"
+            self.add(queues / "queues.yaml", dump(kai_queues.queues(kai, settings.tenants)))
+            self.add(queues / "admission.yaml", dump(kai_queues.queue_admission()))
+            self.add_kustomization(queues, ["admission.yaml", "queues.yaml"])
+            # The Queue kind comes with KAI's chart (addon-kai-scheduler).
+            self.applications.append(self.application("tenants-queues", PLATFORM_PROJECT, None,
+                                                      path=str(self.root / queues), waits_for_crds=True))
         for tenant in settings.tenants:
             directory = Path("tenants") / tenant.name
             files = tenancy.bundle(tenant, kubernetes_minor=minor, mig_profiles=mig_profiles, time_sliced=time_sliced)
+            if tenant.vcluster.enabled:
+                files["network-policies.yaml"].append(tenancy.network_policy(
+                    tenant, "allow-vcluster-to-api-server",
+                    vclusters.api_server_access([node.address for node in self.cluster.control_planes],
+                                                settings.control_plane.apiserver_port)))
             for name, objects in files.items():
                 self.add(directory / name, dump(objects))
             self.add_kustomization(directory, sorted(files))
             self.applications.append(self.application(f"tenant-{tenant.name}", PLATFORM_PROJECT, tenant.name,
                                                       path=str(self.root / directory)))
+            if tenant.vcluster.enabled:
+                self.vcluster(tenant, directory)
+
+    def vcluster(self, tenant, directory: Path) -> None:
+        """The tenant's vCluster: the chart in its namespace, in the platform project (the chart
+        makes the Role and RoleBinding a tenant's own project may not)."""
+        images = self.extravars["gpuboot_release"]["images"]["vcluster"]
+        self.add(directory / "vcluster" / "values.yaml",
+                 yaml.safe_dump(vclusters.values(tenant, images), sort_keys=False))
+        source = self.chart_source("vcluster")
+        self.chart_keys.append("vcluster")
+        source["helm"] = {"releaseName": vclusters.RELEASE,
+                          "valueFiles": [f"$values/{self.root / directory}/vcluster/values.yaml"]}
+        git = {"repoURL": self.gitops.repo_url, "targetRevision": self.gitops.branch, "ref": "values"}
+        # Its state is on a volume: a chart change that drops an object is a person's decision.
+        self.applications.append(self.application(f"tenant-{tenant.name}-vcluster", PLATFORM_PROJECT, tenant.name,
+                                                  sources=[source, git], prune=False))
 
     # -- Argo CD ------------------------------------------------------------------------
     def application(self, name: str, project: str, namespace: str | None, *, path: str | None = None,
-                    sources: list[dict] | None = None, prune: bool = True, release: str | None = None) -> dict:
+                    sources: list[dict] | None = None, prune: bool = True, release: str | None = None,
+                    waits_for_crds: bool = False) -> dict:
         spec: dict = {"project": project}
         if sources is not None:
             spec["sources"] = sources
@@ -181,6 +263,9 @@ class Repository:
         # CRDs are too large for a client-side apply's annotation.
         spec["syncPolicy"] = {"automated": {"prune": prune, "selfHeal": True},
                               "syncOptions": ["ServerSideApply=true", "CreateNamespace=false"]}
+        if waits_for_crds:
+            spec["syncPolicy"]["syncOptions"] += WAITS_FOR_CRDS["syncOptions"]
+            spec["syncPolicy"]["retry"] = WAITS_FOR_CRDS["retry"]
         labels = {"app.kubernetes.io/part-of": self.cluster.settings.cluster_name}
         if release:
             # How `gpuboot up` finds that Argo CD owns a chart it used to install.
@@ -230,6 +315,10 @@ class Repository:
         for app in self.applications:
             relative = Path("applications") / f"{app['metadata']['name']}.yaml"
             self.add(argocd / relative, dump([app]))
+            resources.append(str(relative))
+        for secret in self.public_oci_repositories():
+            relative = Path("repositories") / f"{secret['metadata']['name']}.yaml"
+            self.add(argocd / relative, dump([secret]))
             resources.append(str(relative))
         self.add_kustomization(argocd, resources)
 

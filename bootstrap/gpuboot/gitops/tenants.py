@@ -117,11 +117,16 @@ def limit_range(tenant: Tenant) -> dict:
                 "cpu": tenant.defaults.cpu, "memory": tenant.defaults.memory}}]}}
 
 
+def network_policy(tenant: Tenant, name: str, spec: dict) -> dict:
+    """A NetworkPolicy of the tenant's namespace; unless `spec` selects pods, it is for all of them."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(tenant, name),
+            "spec": {"podSelector": {}, **spec}}
+
+
 def network_policies(tenant: Tenant) -> list[dict]:
     """Deny by default; allow the namespace to itself and DNS to the cluster's resolver."""
     def policy(name: str, spec: dict) -> dict:
-        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(tenant, name),
-                "spec": {"podSelector": {}, **spec}}
+        return network_policy(tenant, name, spec)
     dns_ports = [{"protocol": protocol, "port": 53} for protocol in ("UDP", "TCP")]
     return [
         policy("default-deny", {"policyTypes": ["Ingress", "Egress"]}),

@@ -101,6 +101,8 @@ class Target:
     nodes: tuple[NodeTarget, ...] = ()
     gpu_operands: tuple[str, ...] | None = None
     network_operands: tuple[str, ...] | None = None
+    # The release's optional components this cluster turns on (KAI through the GitOps handoff).
+    optional: tuple[str, ...] = ()
 
     @property
     def os_keys(self) -> tuple[str, ...]:
@@ -133,7 +135,10 @@ class Target:
                 "known, so the GPU/DOCA driver images (tagged per OS and kernel at run time) cannot be listed",
                 hint="add gpuboot.node_os: {id: ubuntu-22.04, kernels: [<uname -r of the GPU nodes>]}, "
                      "or gpuboot_node.os and .kernel per node")
-        return cls(tuple(dict.fromkeys(nodes)), gpu.operands(), nic_plan.resolve(settings, cluster.nodes).operands())
+        optional = (("kai_scheduler",) if settings.kai_scheduler.enabled else ()) + (
+            ("vcluster",) if any(t.vcluster.enabled for t in settings.tenants) else ())
+        return cls(tuple(dict.fromkeys(nodes)), gpu.operands(), nic_plan.resolve(settings, cluster.nodes).operands(),
+                   optional)
 
 
 def _lookup(release: Release, dotted: str) -> str:
@@ -200,7 +205,10 @@ def build(release: Release, target: Target | None = None) -> Plan:
     if not release.images:
         raise MirrorError(f"release {release.name} lists no images",
                           hint=f"add an images: section to mirror/releases/{release.name}.yml")
+    left_out = release.optional_components - set(target.optional)
     for component, refs in release.images.items():
+        if component in left_out:
+            continue
         if isinstance(refs, dict):
             # Keyed by operand: only those the cluster's values turn on.
             wanted = {"gpu_operator": target.gpu_operands,
@@ -212,7 +220,7 @@ def build(release: Release, target: Target | None = None) -> Plan:
     _runtime_images(plan, release, target)
     for component, body in (release.model_extra or {}).items():
         chart = body.get("chart") if isinstance(body, dict) else None
-        if chart:
+        if chart and component not in left_out:
             plan.charts.append(PlannedChart(component, chart["repository"], chart["name"],
                                             str(chart["version"]), chart.get("digest")))
     _packages(plan, release, target)
