@@ -386,6 +386,11 @@ def kai_scheduler(settings: GpubootSettings, where: Where) -> list[Problem]:
                                 "inventory has no gpuboot.gitops",
                                 "set gpuboot.gitops (repo_url, credentials_file, known_hosts_file), or turn "
                                 "kai_scheduler off"))
+    if not settings.tenants:
+        problems.append(Problem(where.file, where.child("kai_scheduler", "enabled").line, "gpuboot.kai_scheduler.enabled",
+                                "the KAI scheduler's queues come from gpuboot.tenants, and there are none: with its "
+                                "default queue off, KAI would schedule no pod",
+                                "define the tenants (gpuboot.tenants), or turn kai_scheduler off"))
     for index, tenant in enumerate(settings.tenants):
         if tenant.name == kai.parent_queue:
             problems.append(Problem(where.file, where.child("tenants", index, "name").line,
