@@ -220,7 +220,7 @@ def _labelled(obj: str, queue: str) -> str:
     return json.dumps(body)
 
 
-def test_kai_queues_follow_the_quotas_and_a_tenant_names_only_its_own_queue(api, four_tenants):
+def test_kai_queues_follow_the_quotas_and_a_tenant_names_only_its_own_queue(api, four_tenants, queue_rule_removed):
     """The queues pass a strict server-side apply against a double of KAI's Queue CRD (KAI's chart
     cannot be had here), and the admission rule is the real API server's own: in a tenant's
     namespace, a pod or any other object naming another tenant's queue is refused."""
@@ -271,3 +271,17 @@ def test_kai_queues_follow_the_quotas_and_a_tenant_names_only_its_own_queue(api,
     assert foreign.returncode != 0 and "may only name the queue of tenant llm-training" in foreign.stderr
     assert api.kubectl("create", "-n", "llm-training", "--dry-run=server", "-f", "-",
                        stdin=_labelled(job, "llm-training"), check=False).returncode == 0
+    # Cluster-scoped writes are none of the rule's business (a request for one has no namespace).
+    tier = json.dumps({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                       "metadata": {"name": "x", "labels": {"kai.scheduler/queue": "inference"}}, "value": 1})
+    cluster_scoped = api.kubectl("create", "--dry-run=server", "-f", "-", stdin=tier, check=False)
+    assert cluster_scoped.returncode == 0, cluster_scoped.stderr
+
+
+@pytest.fixture
+def queue_rule_removed(api):
+    """The admission rule is cluster-wide: it goes when the test that applied it ends, so the
+    session's other tests meet the API server as they expect it."""
+    yield
+    for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+        api.kubectl("delete", kind, "gpuboot-tenant-queue", "--ignore-not-found", check=False)

@@ -95,8 +95,11 @@ def queue_admission() -> list[dict]:
                 "namespaceSelector": {"matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]},
                 "resourceRules": [{"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
                                    "resources": ["*"]}]},
-            # Cluster-scoped objects are never skipped by a namespace selector: only namespaced ones are judged.
-            "matchConditions": [{"name": "namespaced", "expression": "request.namespace != ''"}],
+            # Cluster-scoped objects are never skipped by a namespace selector: only namespaced ones are
+            # judged. A cluster-scoped request has no namespace key at all, and a condition that errors
+            # falls to failurePolicy (Fail): every cluster-scoped write would be refused.
+            "matchConditions": [{"name": "namespaced",
+                                 "expression": "has(request.namespace) && request.namespace != ''"}],
             "validations": [{
                 "expression": (f"!has(object.metadata.labels) || !('{label}' in object.metadata.labels) || "
                                f"object.metadata.labels['{label}'] == namespaceObject.metadata.labels['{TENANT_LABEL}']"),
