@@ -239,6 +239,8 @@ def test_kai_queues_follow_the_quotas_and_a_tenant_names_only_its_own_queue(api,
         "gpu": {"quota": 24, "limit": 24, "overQuotaWeight": 3},
         "cpu": {"quota": 512000, "limit": 512000, "overQuotaWeight": 3},
         "memory": {"quota": 4398046, "limit": 4398046, "overQuotaWeight": 3}}
+    # notebooks has MIG devices only: KAI counts them as GPU fractions, so no GPU limit on its queue.
+    assert queues["notebooks"]["resources"]["gpu"] == {"quota": 0, "limit": -1, "overQuotaWeight": 1}
     # batch-jobs sets no CPU or memory quota: no guaranteed share, no limit; and takes nothing over quota.
     assert queues["batch-jobs"]["resources"]["cpu"] == {"quota": 0, "limit": -1, "overQuotaWeight": 0}
     assert queues["gpuboot-tenants"]["resources"]["gpu"] == {"quota": 24 + 32 + 0 + 8, "limit": -1,

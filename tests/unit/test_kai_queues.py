@@ -47,6 +47,15 @@ def test_a_tenants_queue_is_its_quota_rounded_down_and_unset_means_no_share_and_
     assert bare["cpu"] == bare["memory"] == {"quota": 0, "limit": -1, "overQuotaWeight": 1}
 
 
+def test_a_tenant_with_mig_devices_has_no_gpu_limit_on_its_queue():
+    # KAI counts a MIG device as a fraction of a GPU: a limit of the tenant's whole GPUs (here
+    # none) would keep its MIG pods out; the ResourceQuota bounds the devices per profile.
+    notebooks = queues.tenant_resources(Tenant(name="notebooks", quota={"mig": {"1g.10gb": 14}}))
+    assert notebooks["gpu"] == {"quota": 0, "limit": -1, "overQuotaWeight": 1}
+    both = queues.tenant_resources(Tenant(name="b", quota={"gpu": 8, "mig": {"3g.40gb": 2}}))
+    assert both["gpu"] == {"quota": 8, "limit": -1, "overQuotaWeight": 1}
+
+
 def test_the_parent_queue_sums_its_children_and_every_tenant_hangs_under_it():
     kai = KaiScheduler(enabled=True, parent_queue="research")
     found = queues.queues(kai, [Tenant(name="a", quota={"gpu": 3, "cpu": "1"}), Tenant(name="b", quota={"gpu": 5})])

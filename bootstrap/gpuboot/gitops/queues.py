@@ -12,7 +12,10 @@ under the cluster's parent queue:
 - cpu, memory: quota and limit are the tenant's requests quota, rounded down to KAI's unit;
   a tenant without one has no guaranteed share (quota 0) and no limit (-1).
 - overQuotaWeight: the tenant's over_quota_weight, for what is left over the quotas.
-MIG devices are not queue resources in KAI: the ResourceQuota alone bounds them.
+MIG devices have no queue resource of their own: KAI counts a MIG device as a fraction of a GPU.
+A tenant with a MIG quota therefore gets no GPU limit on its queue (-1; its deserved share
+stays its whole-GPU quota), or its MIG pods could never fit a limit of its whole GPUs; the
+ResourceQuota bounds its MIG devices per profile.
 
 A pod picks its queue with the label kai.scheduler/queue (KAI reads it from the workload's
 top owner). Nothing in KAI ties a queue to a namespace, so a ValidatingAdmissionPolicy does:
@@ -60,7 +63,10 @@ def _share(amount: int | None, weight: int) -> dict:
 def tenant_resources(tenant: Tenant) -> dict:
     quota = tenant.quota
     weight = tenant.over_quota_weight
-    return {"gpu": _share(quota.gpu, weight),
+    gpu = _share(quota.gpu, weight)
+    if quota.mig:
+        gpu["limit"] = UNLIMITED
+    return {"gpu": gpu,
             "cpu": _share(millicores(quota.cpu) if quota.cpu is not None else None, weight),
             "memory": _share(megabytes(quota.memory) if quota.memory is not None else None, weight)}
 
