@@ -8,12 +8,16 @@ import os
 import shutil
 import subprocess
 from contextlib import contextmanager
+from ipaddress import ip_network
 from pathlib import Path
 
 import pytest
 import yaml
 
+from gpuboot import matrix
+from gpuboot_lab import artifacts as lab_artifacts
 from gpuboot_lab.cluster import Lab, LabSpec
+from gpuboot_lab.errors import LabError
 from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
 from tests.support.apiserver import ETCD, ApiServer
 
@@ -68,6 +72,48 @@ def ssh(lab_info, host: str, command: str) -> subprocess.CompletedProcess[str]:
         ["ssh", "-i", str(key), "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes",
          "-o", "BatchMode=yes", f"root@{state.addresses[host]}", command],
         capture_output=True, text=True, timeout=60)
+
+
+def built_kubectl(version: str) -> Path:
+    """The kubectl of the lab's Kubernetes build at `version`: built here when CI requires the
+    lab, else the test is skipped with the command that builds it."""
+    builder = KubernetesBuild(log=lambda m: None)
+    try:
+        return builder.path(version) / "kubectl"
+    except LabError as exc:
+        if os.environ.get("GPUBOOT_REQUIRE_LAB") != "1":
+            pytest.skip(f"SKIPPED the real cluster: {exc.message}; {exc.hint}")
+        return builder.build(version).bin_dir / "kubectl"
+
+
+@contextmanager
+def kubernetes_lab(tmp_path: Path, spec: LabSpec):
+    """A kubernetes-flavour lab and its air-gapped mirror exactly as the README's main job makes
+    them (`gpuboot lab up --flavour kubernetes`, `gpuboot lab mirror BUNDLE`), with gpuboot's
+    state under tmp_path/state. Yields what the tests read; the lab is taken down after."""
+    version = matrix.load(spec.release).kubernetes.version
+    kubectl = built_kubectl(version)
+    bundle = tmp_path / "bundle"
+    made = lab_artifacts.write(version, bundle, log=lambda m: None)
+    # What the lab cannot build is named, not faked.
+    assert any("cri-tools" in entry for entry in made.not_built), made.not_built
+    node_lab = Lab(tmp_path / "state" / "_lab" / spec.name, log=lambda msg: None)
+    node_lab.down(spec.name)
+    inventory = tmp_path / "lab" / "inventory.yml"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
+        try:
+            node_lab.up(spec, inventory)
+            state = node_lab.start_mirror(bundle)
+            mirror = yaml.safe_load(inventory.read_text())["all"]["vars"]["gpuboot"]["mirror"]
+            assert mirror["air_gapped"] and mirror["registry"].startswith(str(next(ip_network(spec.subnet).hosts())))
+            yield {"lab": node_lab, "state": state, "inventory": inventory, "version": version, "kubectl": kubectl,
+                   "mirror": mirror["registry"], "packages": mirror["packages_url"].removeprefix("https://"),
+                   "kubeconfig": tmp_path / "state" / spec.name / "admin.conf", "tmp": tmp_path}
+        finally:
+            node_lab.down(spec.name)
+            assert not subprocess.run(["pgrep", "-f", f"docker-registry serve {node_lab.dir}"]).returncode == 0, \
+                "lab down left the lab mirror's registry running"
 
 
 def edit_inventory(src: Path, dest: Path, change) -> Path:

@@ -18,12 +18,9 @@ from __future__ import annotations
 import base64
 import fnmatch
 import json
-import os
 import stat
 import subprocess
-import threading
 import time
-from ipaddress import ip_network
 
 import pytest
 import yaml
@@ -32,10 +29,9 @@ from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.phases.catalog import cis_file_modes
 from gpuboot_lab import artifacts as lab_artifacts
-from gpuboot_lab.cluster import Lab, LabSpec
-from gpuboot_lab.errors import LabError
-from gpuboot_lab.kubernetes import KubernetesBuild
-from tests.integration.conftest import ssh
+from gpuboot_lab.cluster import LabSpec
+from tests.integration.conftest import built_kubectl, kubernetes_lab, ssh
+from tests.support.faults import PowerCut
 from tests.support.probe import ApiProbe
 from tests.support.reuse import PRODUCT, reuse_or_run
 
@@ -46,47 +42,13 @@ SUBNET = "10.213.82.0/24"
 RELEASE = "k8s-1.34"  # the lab inventory's
 
 
-def _built_kubectl(version: str):
-    builder = KubernetesBuild(log=lambda m: None)
-    try:
-        return builder.path(version) / "kubectl"
-    except LabError as exc:
-        if os.environ.get("GPUBOOT_REQUIRE_LAB") != "1":
-            pytest.skip(f"SKIPPED the real cluster: {exc.message}; {exc.hint}")
-        return builder.build(version).bin_dir / "kubectl"
-
-
 @pytest.fixture(scope="module")
 def cluster(lab, tmp_path_factory):
     # `lab` first: the shared fixture decides skip-or-fail on machines without the lab.
-    version = matrix.load(RELEASE).kubernetes.version
-    kubectl = _built_kubectl(version)
-    tmp_path = tmp_path_factory.mktemp("kcluster")
-    bundle = tmp_path / "bundle"
-    made = lab_artifacts.write(version, bundle, log=lambda m: None)
-    # What the lab cannot build is named, not faked.
-    assert any("cri-tools" in entry for entry in made.not_built), made.not_built
-
-    # The lab and its mirror exactly as the README's main job makes them (`gpuboot lab up
-    # --flavour kubernetes`, `gpuboot lab mirror BUNDLE`), in this module's own state dir.
-    node_lab = Lab(tmp_path / "state" / "_lab" / NAME, log=lambda msg: None)
-    node_lab.down(NAME)
-    inventory = tmp_path / "lab" / "inventory.yml"
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
-        try:
-            state = node_lab.up(LabSpec(name=NAME, control_planes=3, workers=2, gpu_workers=0, subnet=SUBNET,
-                                        flavour="kubernetes", release=RELEASE), inventory)
-            state = node_lab.start_mirror(bundle)
-            mirror = yaml.safe_load(inventory.read_text())["all"]["vars"]["gpuboot"]["mirror"]
-            assert mirror["air_gapped"] and mirror["registry"].startswith(str(next(ip_network(SUBNET).hosts())))
-            yield {"lab": node_lab, "state": state, "inventory": inventory, "version": version, "kubectl": kubectl,
-                   "mirror": mirror["registry"], "packages": mirror["packages_url"].removeprefix("https://"),
-                   "kubeconfig": tmp_path / "state" / NAME / "admin.conf", "tmp": tmp_path}
-        finally:
-            node_lab.down(NAME)
-            assert not subprocess.run(["pgrep", "-f", f"docker-registry serve {node_lab.dir}"]).returncode == 0, \
-                "lab down left the lab mirror's registry running"
+    spec = LabSpec(name=NAME, control_planes=3, workers=2, gpu_workers=0, subnet=SUBNET, flavour="kubernetes",
+                   release=RELEASE)
+    with kubernetes_lab(tmp_path_factory.mktemp("kcluster"), spec) as info:
+        yield info
 
 
 @pytest.fixture(autouse=True)
@@ -359,7 +321,7 @@ def _all_five_nodes_ready(info) -> None:
 def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deployment_available(day2, cluster, capsys):
     inventory = str(cluster["inventory"])
     from_version, to_version = cluster["version"], matrix.load(UPGRADE_TO).kubernetes.version
-    _built_kubectl(to_version)
+    built_kubectl(to_version)
     # The next release enters the same mirror as any bundle does.
     bundle = cluster["tmp"] / "bundle-next"
     lab_artifacts.write(to_version, bundle, log=lambda m: None)
@@ -579,7 +541,7 @@ def test_reset_then_up_with_power_lost_mid_join_on_a_control_plane_and_a_worker_
     # converges: the half-joined control plane is reset and joined again, no etcd member is left
     # behind or doubled, every node is Ready.
     capsys.readouterr()
-    cut = PowerCut(cluster, f"{NAME}-cp3", "[ -f /etc/kubernetes/kubelet.conf ] && pgrep -x kubeadm")
+    cut = PowerCut(cluster, f"{NAME}-cp3", f"gpuboot-{NAME}-cp3", "[ -f /etc/kubernetes/kubelet.conf ] && pgrep -x kubeadm")
     with cut:
         code = run(["up", inventory, "--to", "cni"])
     said = capsys.readouterr().out
@@ -588,7 +550,7 @@ def test_reset_then_up_with_power_lost_mid_join_on_a_control_plane_and_a_worker_
     cut.power_on()
     # What etcd holds for cp3 now (a learner, a member that never started, or none): the next run's to mend.
     cp3_after_cut = [m for m in _etcd_member_list(cluster) if m.get("name", "") in ("", f"{NAME}-cp3")]
-    cut = PowerCut(cluster, f"{NAME}-w2", "pgrep -x kubeadm")
+    cut = PowerCut(cluster, f"{NAME}-w2", f"gpuboot-{NAME}-w2", "pgrep -x kubeadm")
     with cut:
         code = run(["up", inventory, "--to", "cni", "--output", "json"])
     said = capsys.readouterr().out
@@ -609,48 +571,6 @@ def test_reset_then_up_with_power_lost_mid_join_on_a_control_plane_and_a_worker_
     assert [line for host in ("cp1", "cp2", "cp3", "w1", "w2") for line in _cis_loose(cluster, f"{NAME}-{host}")] == []
     print(f"\npower lost on cp3 {cut.cut_after:.0f}s into the run, mid-join; its etcd member after: "
           f"{[(m.get('name', ''), bool(m.get('isLearner'))) for m in cp3_after_cut]}; then w2 mid-join; a plain up converged")
-
-
-class PowerCut:
-    """Kills a lab node's container (its systemd gets SIGKILL: a power cut) the moment a shell
-    test on the node passes, watched over SSH from a thread while gpuboot runs; power_on starts
-    it again and waits for its SSH."""
-
-    def __init__(self, info, node: str, when: str, timeout: float = 900):
-        self.info, self.node, self.when, self.timeout = info, node, when, timeout
-        self.container = f"gpuboot-{NAME}-{node.removeprefix(NAME + '-')}"
-        self.cut_after: float | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def __enter__(self):
-        self._started = time.monotonic()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._done.set()
-        self._thread.join(timeout=30)
-
-    def _watch(self) -> None:
-        deadline = self._started + self.timeout
-        while not self._done.is_set() and time.monotonic() < deadline:
-            try:
-                answer = ssh(self.info, self.node, f"if {self.when} >/dev/null; then echo CUT; fi").stdout
-            except subprocess.TimeoutExpired:
-                continue
-            if "CUT" in answer:
-                subprocess.run(["podman", "kill", self.container], check=True, capture_output=True)
-                self.cut_after = time.monotonic() - self._started
-                return
-            time.sleep(0.3)
-
-    def power_on(self) -> None:
-        subprocess.run(["podman", "start", self.container], check=True, capture_output=True)
-        deadline = time.monotonic() + 120
-        while ssh(self.info, self.node, "systemctl is-system-running --wait >/dev/null; true").returncode != 0:
-            assert time.monotonic() < deadline, f"{self.node} did not come back"
-            time.sleep(2)
 
 
 def _wait_until(problems, timeout: float) -> None:

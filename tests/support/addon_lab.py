@@ -15,7 +15,7 @@ from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot_lab.cluster import Lab, LabSpec, LabState
 from gpuboot_lab.helm import HelmBuild
-from tests.integration.test_lab_cluster import _built_kubectl
+from tests.integration.conftest import built_kubectl
 
 
 @dataclass
@@ -48,7 +48,7 @@ class AddonLab:
 @contextmanager
 def addon_lab(tmp_path: Path, monkeypatch, capsys, spec: LabSpec) -> Iterator[AddonLab]:
     version = matrix.load(spec.release).kubernetes.version
-    kubectl = _built_kubectl(version)
+    kubectl = built_kubectl(version)
     helm = HelmBuild(log=lambda m: None).build()
     monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
     bundle = tmp_path / "bundle"

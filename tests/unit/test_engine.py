@@ -97,6 +97,40 @@ def test_failure_stops_and_names_hosts_task_message_and_resume(cluster, tmp_path
     assert finished.phases_run == ["preflight", "os_prep"]
 
 
+def test_an_unreachable_host_without_sshs_words_is_asked_again_and_says_sshs_reason_and_fix(cluster, tmp_path):
+    """With pipelining, a host refused for its key can come back as a broken pipe: gpuboot asks
+    ssh once more (raw, nothing on its stdin) and the failure carries ssh's words and the fix."""
+    pipe = ("Data could not be sent to remote host \"10.0.0.22\". Make sure this host can be reached over ssh: "
+            "mux_client_request_session: ... Broken pipe")
+    key = ("Failed to connect to the host via ssh: @@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@@\n"
+           "Offending ED25519 key in /etc/gpuboot/known_hosts:7\nHost key verification failed.")
+    runner = RunnerDouble({"preflight": ScriptedPhase({"cp01": "ok", "gpu02": "unreachable"}, message=pipe),
+                           "preflight-ssh-check": ScriptedPhase({"gpu02": "unreachable"}, message=key)})
+    finished, _, _ = run(cluster, tmp_path, runner)
+    asked = [c for c in runner.calls if c.ident == "preflight-ssh-check"]
+    assert [c.playbook.name for c in asked] == ["ssh_check.yml"]
+    assert asked[0].extravars["gpuboot_ssh_hosts"] == ["gpu02"]
+    [failure] = finished.failures
+    assert failure.host == "gpu02" and failure.message.startswith(pipe)
+    assert "Host key verification failed" in failure.message and "line 7 of /etc/gpuboot/known_hosts" in failure.message
+    assert "Turning host-key checking off is not the fix" in failure.message
+    # A host gone silent: ssh's words (a timeout) and what to look at.
+    runner = RunnerDouble({
+        "preflight": ScriptedPhase({"gpu02": "unreachable"}, message='Task failed: Data could not be sent to remote '
+                                   'host "10.0.0.22". Make sure this host can be reached over ssh:'),
+        "preflight-ssh-check": ScriptedPhase({"gpu02": "unreachable"}, message="Failed to connect to the host via "
+                                             "ssh: ssh: connect to host 10.0.0.22 port 22: Connection timed out")})
+    finished, _, _ = run(cluster, tmp_path / "silent", runner)
+    assert "Connection timed out" in finished.failures[0].message
+    assert "fix: gpu02 does not answer on SSH" in finished.failures[0].message
+    # An unreachable host whose message already has ssh's words is not asked again.
+    said = "Failed to connect to the host via ssh: ssh: connect to host 10.0.0.22 port 22: Connection refused"
+    runner = RunnerDouble({"preflight": ScriptedPhase({"gpu02": "unreachable"}, message=said)})
+    finished, _, _ = run(cluster, tmp_path / "other", runner)
+    assert not [c for c in runner.calls if c.ident.endswith("ssh-check")]
+    assert finished.failures[0].message.startswith(said) and "fix: gpu02 does not answer" in finished.failures[0].message
+
+
 def test_inputs_change_reruns_the_phase(cluster, tmp_path):
     runner = RunnerDouble()
     run(cluster, tmp_path, runner)

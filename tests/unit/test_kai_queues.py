@@ -3,6 +3,7 @@ mirror planning KAI only for a cluster that turns it on. The queues against a Qu
 admission rule on a real API server: tests/integration/test_gitops_tenants.py."""
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from gpuboot import matrix
 from gpuboot.config.loader import load_cluster
-from gpuboot.config.model import KaiScheduler, Tenant
+from gpuboot.config.model import QUANTITY, KaiScheduler, Tenant
 from gpuboot.gitops import queues
 from gpuboot.mirror import plan as mirror_plan
 
@@ -33,6 +34,13 @@ def test_a_quantity_with_an_unknown_suffix_is_refused():
     assert queues.quantity("100Ki") == Decimal(102400)
     with pytest.raises(ValueError, match="not a Kubernetes quantity"):
         queues.quantity("3Gb")
+
+
+def test_every_suffix_the_settings_model_accepts_has_a_value():
+    # The model's QUANTITY is the one pattern; each of its suffixes must convert.
+    suffixes = re.search(r"\(([^()]*)\)\?\$$", QUANTITY).group(1).split("|")
+    assert sorted(suffixes) == sorted(k for k in queues._SUFFIX if k)
+    assert all(queues.quantity(f"2{s}") == 2 * queues._SUFFIX[s] for s in suffixes)
 
 
 def test_a_tenants_queue_is_its_quota_rounded_down_and_unset_means_no_share_and_no_limit():

@@ -60,6 +60,19 @@ def _host_key_fix(message: str) -> str:
             f"attack. Turning host-key checking off is not the fix.")
 
 
+# ssh's words for a host that does not answer at all.
+_SILENT = re.compile(r"Connection timed out|No route to host|Connection refused|Operation timed out")
+
+
+def _silent_host_fix(host: str, message: str) -> str:
+    if "Failed to connect to the host via ssh" not in message or not _SILENT.search(message):
+        return ""
+    return (f"\nfix: {host} does not answer on SSH: see that it is powered on, that its network and any "
+            f"firewall between let SSH through (ssh -v to it from here), and that sshd runs on it. Once it "
+            f"answers, run gpuboot again: the phase it was in runs again, and a join cut off halfway is reset "
+            f"and done again.")
+
+
 # A full filesystem, in the words of the kernel (ENOSPC), apt and dpkg.
 _NO_SPACE = re.compile(r"No space left on device|\(28: |You don't have enough free space")
 
@@ -78,7 +91,7 @@ def _host_result(data: dict, status: str) -> HostResult:
     res = data.get("res")
     message = _message(res) if status in ("failed", "unreachable", "ignored") else ""
     if status == "unreachable":
-        message += _host_key_fix(message)
+        message += _host_key_fix(message) + _silent_host_fix(str(data.get("host", "?")), message)
     if status == "failed":
         message += _no_space_fix(str(data.get("host", "?")), message)
     if status == "ok" and isinstance(res, dict) and res.get("gpuboot_notice"):

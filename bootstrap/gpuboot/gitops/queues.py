@@ -26,24 +26,26 @@ import math
 import re
 from decimal import Decimal
 
-from gpuboot.config.model import KaiScheduler, Tenant
+from gpuboot.config.model import QUANTITY, KaiScheduler, Tenant
 from gpuboot.gitops.tenants import TENANT_LABEL
 
 QUEUE_API = "scheduling.run.ai/v2"
 QUEUE_LABEL = "kai.scheduler/queue"
 UNLIMITED = -1
 POLICY_NAME = "gpuboot-tenant-queue"
+# The settings model's quantity form is the one pattern; this table gives each of its suffixes a value.
 _SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
+_QUANTITY = re.compile(QUANTITY)
 
 
 def quantity(text: str) -> Decimal:
     """A Kubernetes quantity (the settings model has checked its form) as a plain number."""
     match = _QUANTITY.match(text)
-    if match is None or match.group(2) not in _SUFFIX:
+    if match is None:
         raise ValueError(f"{text!r} is not a Kubernetes quantity")
-    return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+    suffix = match.group(2) or ""
+    return Decimal(text[:len(text) - len(suffix)]) * _SUFFIX[suffix]
 
 
 def millicores(text: str) -> int:

@@ -94,7 +94,6 @@ class Repository:
         self.extravars = cluster.extravars()
         self.files: dict[Path, str] = {}
         self.applications: list[dict] = []
-        self.chart_keys: list[str] = []  # the matrix's charts the Applications render
 
     # -- layout -------------------------------------------------------------------------
     def add(self, relative: str | Path, text: str) -> None:
@@ -157,14 +156,20 @@ class Repository:
         repo = f"{registry}/charts" if registry else chart["repository"].removeprefix("oci://")
         return {"repoURL": repo, "chart": chart["name"], "targetRevision": str(chart["version"])}
 
+    def chart_sources(self, chart_key: str, release: str, values: Path) -> list[dict]:
+        """A chart from the mirror and its values file in this repository (Argo CD's `$values` ref)."""
+        source = self.chart_source(chart_key)
+        source["helm"] = {"releaseName": release, "valueFiles": [f"$values/{values}"]}
+        return [source, {"repoURL": self.gitops.repo_url, "targetRevision": self.gitops.branch, "ref": "values"}]
+
     def public_oci_repositories(self) -> list[dict]:
         """Without a mirror, each upstream OCI chart repository an Application names, declared to
         Argo CD as OCI. They hold no credential (public registries), so they can live in Git."""
         if self.cluster.settings.mirror.registry:
             return []
-        oci = sorted({chart["repository"].removeprefix("oci://") for chart in (
-            self.extravars["gpuboot_release"][key]["chart"] for key in self.chart_keys)
-            if chart["repository"].startswith("oci://")})
+        # A chart source names an OCI repository without its scheme (chart_source).
+        oci = sorted({source["repoURL"] for app in self.applications for source in app["spec"].get("sources", [])
+                      if "chart" in source and "://" not in source["repoURL"]})
         return [{"apiVersion": "v1", "kind": "Secret",
                  "metadata": {"name": "chart-repository-" + url.replace("/", "-").replace(".", "-"),
                               "namespace": ARGOCD_NAMESPACE,
@@ -176,18 +181,13 @@ class Repository:
         """An add-on's chart, rendered by Argo CD from the mirror with the values in Git. `adopted`:
         `up` installed it on day 1 (the label tells a later `up` that Argo CD owns it now)."""
         directory = self.root / "addons" / name
-        source = self.chart_source(chart_key)
-        self.chart_keys.append(chart_key)
-        source["helm"] = {"releaseName": release, "valueFiles": [f"$values/{directory}/values.yaml"]}
-        git = {"repoURL": self.gitops.repo_url, "targetRevision": self.gitops.branch}
-        return self.application(f"addon-{name}", PLATFORM_PROJECT, namespace, release=release if adopted else None,
-                                sources=[
-            source,
-            {**git, "ref": "values"},
-            {**git, "path": str(directory / "overlays" / self.cluster.settings.cluster_name)},
+        overlay = {"repoURL": self.gitops.repo_url, "targetRevision": self.gitops.branch,
+                   "path": str(directory / "overlays" / self.cluster.settings.cluster_name)}
         # An object a newer chart drops is left, as `gpuboot up` leaves it: removing an
         # operator's object is a person's decision.
-        ], prune=False)
+        return self.application(f"addon-{name}", PLATFORM_PROJECT, namespace, release=release if adopted else None,
+                                sources=[*self.chart_sources(chart_key, release, directory / "values.yaml"), overlay],
+                                prune=False)
 
     # -- tenants ------------------------------------------------------------------------
     def tenants(self) -> None:
@@ -237,14 +237,10 @@ class Repository:
         images = self.extravars["gpuboot_release"]["images"]["vcluster"]
         self.add(directory / "vcluster" / "values.yaml",
                  yaml.safe_dump(vclusters.values(tenant, images), sort_keys=False))
-        source = self.chart_source("vcluster")
-        self.chart_keys.append("vcluster")
-        source["helm"] = {"releaseName": vclusters.RELEASE,
-                          "valueFiles": [f"$values/{self.root / directory}/vcluster/values.yaml"]}
-        git = {"repoURL": self.gitops.repo_url, "targetRevision": self.gitops.branch, "ref": "values"}
+        sources = self.chart_sources("vcluster", vclusters.RELEASE, self.root / directory / "vcluster" / "values.yaml")
         # Its state is on a volume: a chart change that drops an object is a person's decision.
         self.applications.append(self.application(f"tenant-{tenant.name}-vcluster", PLATFORM_PROJECT, tenant.name,
-                                                  sources=[source, git], prune=False))
+                                                  sources=sources, prune=False))
 
     # -- Argo CD ------------------------------------------------------------------------
     def application(self, name: str, project: str, namespace: str | None, *, path: str | None = None,

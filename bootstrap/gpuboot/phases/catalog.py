@@ -235,7 +235,9 @@ UP: tuple[Phase, ...] = (
           Result(files=("/etc/haproxy/haproxy.cfg", "/etc/keepalived/keepalived.conf"),
                  services=("haproxy", "keepalived")), unbuilt=_endpoint_unbuilt),
     Phase("control_plane_init", "First control plane (kubeadm init)", "control_plane_init.yml",
-          Result(present=("/etc/kubernetes/admin.conf", "/etc/kubernetes/kubelet.conf"), services=("kubelet",),
+          Result(present=("/etc/kubernetes/admin.conf", "/etc/kubernetes/kubelet.conf",
+                           # kubeadm_init's mark of a finished init: admin.conf comes early in kubeadm's init
+                           "/etc/kubernetes/gpuboot/init-finished"), services=("kubelet",),
                  cis_modes=("node", "control_plane")),
           pulls=("kubernetes",)),
     Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml",

@@ -10,7 +10,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -41,6 +41,11 @@ class Sink(Protocol):
 
 
 Runner = Callable[[PlaybookRun, Callable[[Event], None], threading.Event], PlaybookResult]
+
+# Ansible's words when ssh quit while Ansible wrote a module to its stdin (pipelining): ssh's
+# own reason for quitting (a changed host key, a silent host) is not in them.
+WITHOUT_SSH_REASON = ("Data could not be sent to remote host", "Broken pipe")
+SSH_CHECK_PLAYBOOK = "ssh_check.yml"
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,27 @@ class Engine:
             self.failures.append(Failure(event.host, event.task, event.message))
         self.sink(event)
 
+    def _ask_ssh_why(self, run_dir: Path, run_id: str, phase: str, since: int) -> None:
+        """With pipelining, Ansible can be writing a module to ssh's stdin when ssh gives up on the
+        host (a changed host key, a host gone silent): it then reports that data could not be
+        sent, not ssh's reason. Those hosts are asked once more with nothing on ssh's stdin (`raw`),
+        and their failures carry what ssh said and its fix."""
+        broken = {i: f for i, f in enumerate(self.failures)
+                  if i >= since and any(words in f.message for words in WITHOUT_SSH_REASON)}
+        if not broken:
+            return
+        answers: dict[str, str] = {}
+
+        def collect(event: Event) -> None:
+            if isinstance(event, HostResult) and event.status in ("unreachable", "failed"):
+                answers[event.host] = event.message
+        self._playbook(content.playbook(SSH_CHECK_PLAYBOOK), f"{phase}-ssh-check", run_dir, run_id,
+                       {"gpuboot_ssh_hosts": sorted({f.host for f in broken.values()})}, collect, phase)
+        for index, failure in broken.items():
+            if failure.host in answers:
+                self.failures[index] = replace(failure, message=f"{failure.message}\nssh, asked again without a "
+                                                                f"module on its stdin: {answers[failure.host]}")
+
     def state_run(self, action: str, run_dir: Path, run_id: str, entries: list, first: str,
                    **extra: object) -> list[HostResult]:
         """gpuboot's bookkeeping on the hosts (lock, probe, record): its events are data, not progress."""
@@ -298,6 +324,7 @@ class Engine:
                                             self._limit_for(phase))
                     ran.append(phase.name)
                     changed = sum(c.changed for c in (self.last_stats.hosts.values() if self.last_stats else []))
+                    self._ask_ssh_why(run_dir, run_id, phase.name, before)
                     failed_hosts = sorted({f.host for f in self.failures[before:]})
                     phase_ok = result.ok
                     self.sink(PhaseFinished(phase.name, "ok" if phase_ok else "failed", changed,
