@@ -331,8 +331,10 @@ def test_a_worker_losing_power_while_upgraded_stops_the_upgrade_and_resume_finis
     info["lab"].start_mirror(bundle)
     _wait_until(lambda: _cluster_problems(info, info["version"]) + _etcd_problems(info), timeout=240)
     capsys.readouterr()
-    # w1 is drained, then kubeadm upgrades its kubelet configuration: power is lost right then.
-    cut = PowerCut(info, w1, _container(w1), "pgrep -f 'kubeadm upgrade nod[e]'", timeout=1800)
+    # w1 is drained, its kubeadm package upgraded, then kubeadm upgrades its kubelet configuration
+    # (under a second): power is lost right then. The node watches for that itself, every 50 ms.
+    cut = PowerCut(info, w1, _container(w1),
+                   "timeout 50 sh -c 'until pgrep -f \"kubeadm upgrade nod[e]\"; do sleep 0.05; done'", timeout=1800)
     with cut:
         code = run(["upgrade", inventory, "--to", UPGRADE_TO, "--output", "json"])
     said = capsys.readouterr().out
