@@ -193,3 +193,32 @@ def lab_kubernetes_bundle(app: App, version: str | None, inventory: str, out: st
     app.console.print(f"[green]bundle {out}[/]: {len(result.images)} images, {len(result.packages)} packages")
     for item in result.not_built:
         app.console.print(f"[yellow]not built[/]: {item}")
+
+
+@lab.group("gpu-kit")
+def lab_gpu_kit() -> None:
+    """What tests/gpu/run.sh carries to a GPU machine: containerd 2, runc, crictl, the NVIDIA
+    container toolkit, gpu-feature-discovery, a probe image and the node's rendered files."""
+
+
+@lab_gpu_kit.command("build")
+@pass_app
+def lab_gpu_kit_build(app: App) -> None:
+    """Build every binary and the probe image (cached by version)."""
+    from gpuboot_lab.gpu_kit import GpuKit
+    for name, path in GpuKit(log=lambda msg: app.console.print(f"[dim]{msg}[/]")).build().items():
+        app.console.print(f"{name}: {path}")
+
+
+@lab_gpu_kit.command("pack")
+@click.option("--inventory", default="tests/gpu/inventory/hosts.ini", show_default=True,
+              type=click.Path(dir_okay=False, exists=True))
+@click.option("--host", default="gpu1", show_default=True, help="The inventory's host that stands for the GPU machine.")
+@click.option("--out", default="tests/gpu/kit", show_default=True, type=click.Path(file_okay=False))
+@pass_app
+def lab_gpu_kit_pack(app: App, inventory: str, host: str, out: str) -> None:
+    """One archive for the GPU machine (carry its folder to the run)."""
+    from gpuboot_lab.gpu_kit import GpuKit, node_files
+    files = node_files(Path(inventory), host)
+    archive = GpuKit(log=lambda msg: app.console.print(f"[dim]{msg}[/]")).pack(Path(out), files)
+    app.console.print(f"[green]{archive}[/]: {archive.stat().st_size / 2**20:.1f} MiB, {len(files)} node files")
