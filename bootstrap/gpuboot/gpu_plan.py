@@ -61,6 +61,22 @@ class NodeGpu:
             labels[DRIVER_KIND_LABEL] = self.driver
         return labels
 
+    def gfd_labels(self) -> dict[str, str]:
+        """What GPU Feature Discovery must label the node with, as far as the inventory says: the
+        family of a declared model; for whole GPUs (MIG changes what GFD names and counts) the
+        count, and the product where the GPU table knows GFD's name for it. Time-sliced GPUs are
+        named with -SHARED (gpuboot leaves renameByDefault off)."""
+        if self.model is None:
+            return {}
+        found = {"nvidia.com/gpu.family": self.model.gfd_family}
+        if any(instances for _, instances in self.mig_layout):
+            return found
+        if self.model.gfd_product:
+            found["nvidia.com/gpu.product"] = self.model.gfd_product + ("-SHARED" if self.time_slicing_replicas > 1 else "")
+        if self.count is not None:
+            found["nvidia.com/gpu.count"] = str(self.count)
+        return found
+
     def resources(self, strategy: str) -> dict[str, int] | None:
         """What the node must advertise once the operator is done; None when the GPU count
         is not declared (validation then takes preflight's count)."""
@@ -152,6 +168,7 @@ class GpuPlan:
             "device_plugin": self.device_plugin_configs(),
             "nodes": {name: {"model": n.model.name if n.model else None, "driver": n.driver, "os_tag": n.os_tag,
                              "kernels": list(n.kernels), "labels": n.labels(self.mixed_drivers),
+                             "gfd_labels": n.gfd_labels(),
                              "resources": n.resources(self.strategy)}
                       for name, n in self.nodes.items()},
         }

@@ -40,6 +40,10 @@ class MigGeometry:
         return None
 
 
+# GPU Feature Discovery's `nvidia.com/gpu.family` where it differs from the table's architecture.
+GFD_FAMILIES = {"ada": "ada-lovelace"}
+
+
 @dataclass(frozen=True)
 class GpuModel:
     name: str
@@ -47,6 +51,11 @@ class GpuModel:
     pci_devices: tuple[str, ...]
     architecture: str
     mig: MigGeometry | None
+    gfd_product: str | None = None
+
+    @property
+    def gfd_family(self) -> str:
+        return GFD_FAMILIES.get(self.architecture, self.architecture)
 
     def as_data(self) -> dict:
         """What preflight's module needs to recognise the model on a node."""
@@ -67,7 +76,7 @@ def catalog() -> dict[str, GpuModel]:
                          dict(body["balanced"]))
         for key, body in data["mig_geometries"].items()}
     return {name: GpuModel(name, body["product"], tuple(body["pci_devices"]), body["architecture"],
-                           None if body["mig"] == "none" else geometries[body["mig"]])
+                           None if body["mig"] == "none" else geometries[body["mig"]], body.get("gfd_product"))
             for name, body in data["models"].items()}
 
 

@@ -36,9 +36,14 @@ class GoTool:
     package: str
     cgo: bool = False
     source: str | None = None  # a public repository whose git tree the build reads (not on the proxy)
+    version_var: str = ""  # the package variable the project's own release build sets with -X
+
+    def ldflags(self) -> str:
+        return "-s -w" + (f" -X {self.version_var}={self.version}" if self.version_var else "")
 
     def key(self, go_version: str) -> str:
-        return f"{self.name}-{self.version}-{go_version}"
+        flags = hashlib.sha256(f"{self.module} {self.package} {self.cgo} {self.ldflags()}".encode()).hexdigest()[:8]
+        return f"{self.name}-{self.version}-{go_version}-{flags}"
 
 
 # The versions the GPU Operator v26.7.0 ships (toolkit v1.20.0, device plugin and GFD v0.20.0);
@@ -47,17 +52,21 @@ class GoTool:
 CONTAINERD = "v2.4.2"
 TOOLKIT = "v1.20.0"
 TOOLS = (
-    GoTool("containerd", "github.com/containerd/containerd/v2", CONTAINERD, "cmd/containerd"),
+    GoTool("containerd", "github.com/containerd/containerd/v2", CONTAINERD, "cmd/containerd",
+           version_var="github.com/containerd/containerd/v2/version.Version"),
     GoTool("ctr", "github.com/containerd/containerd/v2", CONTAINERD, "cmd/ctr"),
     GoTool("containerd-shim-runc-v2", "github.com/containerd/containerd/v2", CONTAINERD, "cmd/containerd-shim-runc-v2"),
     # runc's nsenter is C: cgo, no seccomp (libseccomp is not needed to run a probe).
     GoTool("runc", "github.com/opencontainers/runc", "v1.5.2", "", cgo=True),
-    GoTool("crictl", "sigs.k8s.io/cri-tools", "v1.37.0", "cmd/crictl"),
+    GoTool("crictl", "sigs.k8s.io/cri-tools", "v1.37.0", "cmd/crictl", version_var="sigs.k8s.io/cri-tools/pkg/version.Version"),
     # NVML is loaded at run time through cgo's dlopen.
-    GoTool("nvidia-ctk", "github.com/NVIDIA/nvidia-container-toolkit", TOOLKIT, "cmd/nvidia-ctk", cgo=True),
-    GoTool("nvidia-cdi-hook", "github.com/NVIDIA/nvidia-container-toolkit", TOOLKIT, "cmd/nvidia-cdi-hook", cgo=True),
+    GoTool("nvidia-ctk", "github.com/NVIDIA/nvidia-container-toolkit", TOOLKIT, "cmd/nvidia-ctk", cgo=True,
+           version_var="github.com/NVIDIA/nvidia-container-toolkit/internal/info.version"),
+    GoTool("nvidia-cdi-hook", "github.com/NVIDIA/nvidia-container-toolkit", TOOLKIT, "cmd/nvidia-cdi-hook", cgo=True,
+           version_var="github.com/NVIDIA/nvidia-container-toolkit/internal/info.version"),
     GoTool("gpu-feature-discovery", "github.com/NVIDIA/k8s-device-plugin", "v0.20.0", "cmd/gpu-feature-discovery",
-           cgo=True, source="NVIDIA/k8s-device-plugin"),
+           cgo=True, source="NVIDIA/k8s-device-plugin",
+           version_var="github.com/NVIDIA/k8s-device-plugin/internal/info.version"),
 )
 # Python wheels for Ansible on the GPU machine's Python 3.12 (jinja2, PyYAML, packaging and
 # MarkupSafe are in its image already).
@@ -69,6 +78,18 @@ SOURCE_ROOT = Path("/work/.mirror")
 
 def go_version() -> str:
     return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def available_tools(root: Path = SOURCE_ROOT) -> tuple[tuple[GoTool, ...], list[str]]:
+    """The tools this machine can build, and why any other cannot (its source tree is absent)."""
+    found, missing = [], []
+    for tool in TOOLS:
+        if tool.source and source_git_dir(tool.source, root) is None:
+            missing.append(f"{tool.name}: the {tool.source} source tree is not on this machine "
+                           f"(it is not on the module proxy; bring github:{tool.source} under {root})")
+        else:
+            found.append(tool)
+    return tuple(found), missing
 
 
 def source_git_dir(repository: str, root: Path = SOURCE_ROOT) -> Path | None:
@@ -96,7 +117,7 @@ class GpuKit:
         log_file = binary.parent / "build.log"
         started = time.monotonic()
         self.log(f"{tool.name} {tool.version}: building (log {log_file})")
-        flags = ["-trimpath", "-ldflags", "-s -w"]
+        flags = ["-trimpath", "-ldflags", tool.ldflags()]
         with log_file.open("w") as log, tempfile.TemporaryDirectory(prefix="gpu-kit-") as scratch:
             if tool.source:
                 git_dir = source_git_dir(tool.source)
@@ -192,24 +213,28 @@ class GpuKit:
                            check=True, capture_output=True)
         return sorted(target.glob("*.whl"))
 
-    def pack(self, out_dir: Path, node_files: dict[str, str]) -> Path:
-        """One xz archive of everything run.sh needs, plus the rendered node files (name -> text)."""
-        built = self.build()
+    def stage(self, kit_dir: Path, node_files: dict[str, str], tools: tuple[GoTool, ...] = TOOLS) -> Path:
+        """The kit's layout in a folder: bin/, probe.oci.tar, wheels/, node/ (the rendered files,
+        name -> text) and versions.tsv."""
+        built = self.build(tools)
+        (kit_dir / "bin").mkdir(parents=True, exist_ok=True)
+        for name, path in built.items():
+            shutil.copy2(path, kit_dir / ("bin" if name != "probe.oci.tar" else "") / name)
+        (kit_dir / "wheels").mkdir(exist_ok=True)
+        for wheel in self.wheels():
+            shutil.copy2(wheel, kit_dir / "wheels" / wheel.name)
+        for name, text in node_files.items():
+            (kit_dir / "node" / name).parent.mkdir(parents=True, exist_ok=True)
+            (kit_dir / "node" / name).write_text(text)
+        (kit_dir / "versions.tsv").write_text("".join(f"{t.name}\t{t.module}\t{t.version}\n" for t in tools))
+        return kit_dir
+
+    def pack(self, out_dir: Path, node_files: dict[str, str], tools: tuple[GoTool, ...] = TOOLS) -> Path:
+        """One xz archive of the staged kit (what travels to the GPU machine: 64 MiB at most)."""
         out_dir.mkdir(parents=True, exist_ok=True)
         archive = out_dir / "kit.tar.xz"
         with tempfile.TemporaryDirectory(prefix="gpu-kit-pack-") as scratch:
-            stage = Path(scratch)
-            (stage / "bin").mkdir()
-            for name, path in built.items():
-                shutil.copy2(path, stage / ("bin" if name != "probe.oci.tar" else "") / name)
-            (stage / "wheels").mkdir()
-            for wheel in self.wheels():
-                shutil.copy2(wheel, stage / "wheels" / wheel.name)
-            for name, text in node_files.items():
-                (stage / "node" / name).parent.mkdir(parents=True, exist_ok=True)
-                (stage / "node" / name).write_text(text)
-            versions = "".join(f"{t.name}\t{t.module}\t{t.version}\n" for t in TOOLS)
-            (stage / "versions.tsv").write_text(versions)
+            stage = self.stage(Path(scratch), node_files, tools)
             subprocess.run(["tar", "-cJf", str(archive), "-C", str(stage), "."],
                            env=dict(os.environ, XZ_OPT="-6 -T2"), check=True)
         return archive

@@ -7,7 +7,8 @@ module: gpuboot_cluster_check
 short_description: Check a gpuboot cluster through its API server and report each shortfall
 description:
   - Every GPU node advertises the allocatable resources the inventory implies (GPUs x
-    time-slicing replicas, or the MIG devices of its layout); the GPU Operator's ClusterPolicy
+    time-slicing replicas, or the MIG devices of its layout) and carries GPU Feature Discovery's
+    family, product and count labels of its declared model; the GPU Operator's ClusterPolicy
     is ready and every operand pod is ready, per node; a smoke Job per GPU node group requests
     one GPU (or MIG device) and runs nvidia-smi; every fabric node advertises the RDMA and VF
     resources its NICs imply, the NicClusterPolicy is ready and, with VFs, the SR-IOV config
@@ -20,7 +21,7 @@ options:
   gpu_nodes:
     type: dict
     default: {}
-    description: "node -> {resources: {name: count} or null, group: the node's GPU group}."
+    description: "node -> {resources: {name: count} or null, group: the node's GPU group, gfd_labels: {label: value} GPU Feature Discovery must have set}."
   gpu_namespace: {type: str, default: gpu-operator}
   fabric_nodes:
     type: dict
@@ -84,6 +85,27 @@ def check_resources(nodes, gpu_nodes):
         ok = got == wanted
         rows.append(row(name, "allocatable", _fmt(wanted), _fmt(got), ok,
                         "" if ok else "the device plugin advertises other resources than the inventory implies"))
+    return rows
+
+
+def check_gfd_labels(nodes, gpu_nodes):
+    """GPU Feature Discovery's labels against the declared model and count: the device plugin's
+    counts can match while the node holds other GPUs (an L40S node in an H100 group)."""
+    rows = []
+    for name, want in sorted(gpu_nodes.items()):
+        node = nodes.get(name)
+        if node is None:
+            continue
+        labels = node["metadata"].get("labels", {})
+        for key, wanted in sorted((want.get("gfd_labels") or {}).items()):
+            got = labels.get(key)
+            reason = ""
+            if got is None:
+                reason = f"GPU Feature Discovery has not labelled the node with {key}"
+            elif got != wanted:
+                reason = (f"GPU Feature Discovery found {key}={got} on the node; check its GPUs (nvidia-smi -L) "
+                          "or fix gpuboot_node.gpu.model/count in the inventory")
+            rows.append(row(name, f"label {key.removeprefix('nvidia.com/')}", wanted, got or "missing", not reason, reason))
     return rows
 
 
@@ -294,6 +316,7 @@ def main():
     try:
         if p["gpu_nodes"]:
             rows += check_resources(nodes, p["gpu_nodes"])
+            rows += check_gfd_labels(nodes, p["gpu_nodes"])
             rows += check_operator(kube, p["gpu_namespace"], p["gpu_nodes"])
             if p["smoke_image"]:
                 rows += check_smoke(kube, p["namespace"], p["gpu_nodes"], p["smoke_image"], p["timeout"])

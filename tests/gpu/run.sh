@@ -50,13 +50,14 @@ machine() {
   ls -la /dev/nvidia* 2>&1
   cat /proc/driver/nvidia/version 2>&1
   nvidia-smi --query-gpu=index,pci.bus_id,pci.device_id,pci.sub_device_id,name,memory.total,mig.mode.current,driver_version,compute_cap,vbios_version --format=csv 2>&1
-  nvidia-smi -q 2>&1 | head -80
+  # The card's serial numbers are not kept (its UUID stays: CDI names devices by it).
+  nvidia-smi -q 2>&1 | head -80 | grep -v -E 'Serial Number|GPU PDI'
   command -v python3 systemctl containerd ip ss xz hostname 2>&1
   python3 -c 'import sys, jinja2, yaml; print(sys.version, jinja2.__version__, yaml.__version__)' 2>&1
 }
 
 unpack() {
-  rm -rf "$KIT" && mkdir -p "$KIT" && tar -xJf "$KIT_ARCHIVE" -C "$KIT" || return 1
+  rm -rf "$KIT" && mkdir -p "$KIT" && tar -xf "$KIT_ARCHIVE" -C "$KIT" || return 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$KIT/site" "$KIT"/wheels/*.whl
   cat "$KIT/versions.tsv"
   for tool in containerd runc crictl nvidia-ctk gpu-feature-discovery; do "$tool" --version 2>&1 | head -2; done
@@ -65,19 +66,23 @@ unpack() {
 # The address the inventory gives gpu1 is this machine's own, as on a customer's node.
 own_address() { hostname -I 2>/dev/null | awk '{print $1}'; }
 
+# Ansible's fact cache outside the checkout: the run writes nothing into the tree.
+FACTS=${TMPDIR:-/tmp}/gpuboot-proof-facts
+LOGS=${TMPDIR:-/tmp}/gpu-proof-logs
 ansible_env() {
   export PYTHONPATH=$KIT/site ANSIBLE_CONFIG=$REPO/ansible.cfg ANSIBLE_LOCAL_TEMP=/tmp/ansible-local
+  export ANSIBLE_CACHE_PLUGIN_CONNECTION=$FACTS
   export ANSIBLE_PYTHON_INTERPRETER=$(command -v python3) PATH=$KIT/site/bin:$PATH
 }
 
 preflight() {
   ansible_env
-  rm -rf "$REPO/.gpuboot/facts"
+  rm -rf "$FACTS"
   python3 -m ansible.cli.playbook --version | head -1
   python3 -m ansible.cli.playbook -i tests/gpu/inventory/hosts.ini -l gpu1 -c local \
     -e "@$KIT/node/extravars.json" -e "ansible_host=$(own_address)" playbooks/preflight.yml
   local rc=$?
-  cp "$REPO/.gpuboot/facts/gpu1" "$RESULTS/preflight-facts.json" 2>/dev/null
+  cp "$FACTS/gpu1" "$RESULTS/preflight-facts.json" 2>/dev/null
   python3 tests/doubles/hardware/capture.py "$RESULTS/hardware-capture.json"
   return $rc
 }
@@ -112,6 +117,7 @@ containerd_up() {
       > /etc/containerd/conf.d/51-restrict-oom.toml
   fi
   containerd > "$RESULTS/containerd-daemon.log" 2>&1 &
+  CONTAINERD_PID=$!
   for _ in $(seq 100); do ctr version >/dev/null 2>&1 && break; sleep 0.2; done
   ctr version && containerd config dump > "$RESULTS/containerd-config-dump.toml"
 }
@@ -124,6 +130,13 @@ containerd_check() {
 }
 
 cdi_spec() {
+  if [ -n "${GPUBOOT_CDI_SPEC_DOUBLE:-}" ]; then  # the CPU machine's test: no GPU, no NVML
+    sed "s|@DOUBLES@|$(cd "$(dirname "$GPUBOOT_CDI_SPEC_DOUBLE")" && pwd)|" "$GPUBOOT_CDI_SPEC_DOUBLE" \
+      > /var/run/cdi/nvidia.yaml || return 1
+    cp /var/run/cdi/nvidia.yaml "$RESULTS/cdi-nvidia.yaml"
+    nvidia-ctk cdi list --spec-dir /var/run/cdi
+    return
+  fi
   # The device nodes are the host's own (/dev), not under the driver root.
   nvidia-ctk cdi generate --driver-root="$DRIVER_ROOT" --dev-root=/ --nvidia-cdi-hook-path="$KIT/bin/nvidia-cdi-hook" \
     --format=yaml --output=/var/run/cdi/nvidia.yaml || return 1
@@ -152,7 +165,7 @@ pod() {
   work=$(mktemp -d)
   cat > "$work/pod.json" <<EOF
 {"metadata": {"name": "$name", "namespace": "gpu-proof", "uid": "$name-uid", "attempt": 1},
- "log_directory": "/tmp/gpu-proof-logs/$name",
+ "log_directory": "$LOGS/$name",
  "linux": {"security_context": {"namespace_options": {"network": 2}}}}
 EOF
   local devices='[]'
@@ -162,7 +175,7 @@ EOF
  "command": ["/bin/sh", "-c", "ls -l /dev/nvidia* 2>&1; cat /etc/ld.so.conf.d/* 2>&1; echo ---; nvidia-smi -L && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv"],
  "log_path": "probe.log", "CDI_devices": $devices}
 EOF
-  mkdir -p "/tmp/gpu-proof-logs/$name"
+  mkdir -p "$LOGS/$name"
   local pod_id ctr_id
   pod_id=$(crictl runp "$work/pod.json") || return 1
   ctr_id=$(crictl create "$pod_id" "$work/ctr.json" "$work/pod.json") || return 1
@@ -197,6 +210,7 @@ step 07-cdi-spec cdi_spec
 step 08-probe-image probe_image
 step 09-pod-with-gpu pod with-gpu yes
 step 10-pod-without-gpu pod without-gpu no
-pkill containerd; sleep 1
+# Only the containerd this run started (a lab on the same machine runs its own).
+[ -n "${CONTAINERD_PID:-}" ] && kill "$CONTAINERD_PID" && wait "$CONTAINERD_PID" 2>/dev/null
 cat "$RESULTS/steps.tsv"
 exit "$failed"

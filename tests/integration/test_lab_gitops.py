@@ -86,7 +86,7 @@ def gitops_cluster(lab, tmp_path, monkeypatch, capsys):
             images += add_to_bundle(node_lab.bundle, RELEASE, node_lab.helm)
             node_lab.start_mirror()
             with DoubleGpuOperator(node_lab.kubectl, node_lab.kubeconfig,
-                                   {GPU_NODE: Hardware("NVIDIA-L40S", "0x26b9", 2)}):
+                                   {GPU_NODE: Hardware("NVIDIA-L40S", "0x26b9", 2, "ada-lovelace")}):
                 yield node_lab.info(git=git, images=images, tmp=tmp_path)
         finally:
             git.stop()

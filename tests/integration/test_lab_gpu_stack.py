@@ -33,7 +33,7 @@ RELEASE = "k8s-1.34"
 GPU_NODES = {
     f"{NAME}-gpu1": ({"os": "debian-12", "gpu": {"model": "L40S-48GB", "count": 2, "driver": "preinstalled",
                                                  "time_slicing_replicas": 4}},
-                     Hardware("NVIDIA-L40S", "0x26b9", 2)),
+                     Hardware("NVIDIA-L40S", "0x26b9", 2, "ada-lovelace")),
     f"{NAME}-gpu2": ({"os": "debian-12", "gpu": {"model": "H100-SXM5-80GB", "count": 2, "driver": "preinstalled",
                                                  "mig": {"layout": "all-1g.10gb"}}},
                      Hardware("NVIDIA-H100-80GB-HBM3", "0x2330", 2)),

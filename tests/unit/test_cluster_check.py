@@ -105,3 +105,27 @@ def test_fabric_rows_compare_rdma_and_vf_resources_and_name_the_vfs_not_made():
     assert by[("l40s01", "VFs made")]["got"] == "not reported"
     # GPU resources are compared on their own: a node's VF resource is not a GPU.
     assert check.check_resources(nodes, {"hgx01": {"resources": {"nvidia.com/gpu": 8}}})[0]["ok"]
+
+
+def test_gfd_labels_must_name_the_declared_model_and_count():
+    labelled = node("gpu1", {"nvidia.com/gpu": "8"})
+    labelled["metadata"]["labels"] = {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": "8",
+                                      "nvidia.com/gpu.family": "ada-lovelace"}
+    right = node("gpu2", {"nvidia.com/gpu": "1"})
+    right["metadata"]["labels"] = {"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.count": "1",
+                                   "nvidia.com/gpu.family": "hopper"}
+    unlabelled = node("gpu3", {"nvidia.com/gpu": "1"})
+    want = {"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.family": "hopper"}
+    rows = check.check_gfd_labels({"gpu1": labelled, "gpu2": right, "gpu3": unlabelled}, {
+        "gpu1": {"resources": {"nvidia.com/gpu": 8}, "gfd_labels": want},
+        "gpu2": {"resources": {"nvidia.com/gpu": 1}, "gfd_labels": {**want, "nvidia.com/gpu.count": "1"}},
+        "gpu3": {"resources": {"nvidia.com/gpu": 1}, "gfd_labels": {"nvidia.com/gpu.family": "hopper"}},
+        "gpu4": {"resources": None}})
+    by = {(r["node"], r["check"]): r for r in rows}
+    # An L40S node in an H200 group: its counts match, the gate still refuses it by name.
+    assert not by[("gpu1", "label gpu.product")]["ok"] and by[("gpu1", "label gpu.product")]["got"] == "NVIDIA-L40S"
+    assert "nvidia-smi -L" in by[("gpu1", "label gpu.product")]["reason"]
+    assert by[("gpu1", "label gpu.count")]["ok"] and not by[("gpu1", "label gpu.family")]["ok"]
+    assert all(by[("gpu2", c)]["ok"] for c in ("label gpu.product", "label gpu.count", "label gpu.family"))
+    assert not by[("gpu3", "label gpu.family")]["ok"] and "has not labelled" in by[("gpu3", "label gpu.family")]["reason"]
+    assert not any(node_name == "gpu4" for node_name, _ in by)

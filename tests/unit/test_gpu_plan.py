@@ -128,3 +128,42 @@ def test_every_mig_model_has_a_balanced_layout_that_fits():
             assert model.mig.misfit(model.mig.balanced) is None, model.name
             for profile in model.mig.profiles.values():
                 assert model.mig.misfit({profile.name: profile.most}) is None, (model.name, profile.name)
+
+
+def test_gfd_labels_the_gate_expects_follow_model_sharing_and_mig(tmp_path):
+    """What GPU Feature Discovery must have labelled (its names as a real H200 showed them,
+    tests/gpu/fixtures): the family always; product and count for whole GPUs; -SHARED when
+    time-sliced; nothing GFD renames under MIG; Ada's family is GFD's ada-lovelace."""
+    path = inventory(tmp_path, {
+        "hosts.ini": """\
+            [control_plane]
+            cp1 ansible_host=10.0.0.11
+            [gpu_workers]
+            h200-[1:3]
+            l40s1
+            odd1
+            [workers:children]
+            gpu_workers
+            """,
+        "group_vars/all.yml": SETTINGS,
+        "host_vars/h200-1.yml": "gpuboot_node:\n  gpu: {model: H200-SXM-141GB, count: 8}\n",
+        "host_vars/h200-2.yml": "gpuboot_node:\n  gpu: {model: H200-SXM-141GB, count: 8, time_slicing_replicas: 4}\n",
+        "host_vars/h200-3.yml": "gpuboot_node:\n  gpu: {model: H200-SXM-141GB, count: 8, mig: {layout: all-1g.18gb}}\n",
+        "host_vars/l40s1.yml": "gpuboot_node:\n  gpu: {model: L40S-48GB, count: 2}\n",
+        "host_vars/odd1.yml": "gpuboot_node:\n  gpu: {count: 1}\n"})
+    nodes = load_cluster(path).gpu_plan.nodes
+    assert nodes["h200-1"].gfd_labels() == {"nvidia.com/gpu.family": "hopper", "nvidia.com/gpu.product": "NVIDIA-H200",
+                                            "nvidia.com/gpu.count": "8"}
+    assert nodes["h200-2"].gfd_labels()["nvidia.com/gpu.product"] == "NVIDIA-H200-SHARED"
+    assert nodes["h200-3"].gfd_labels() == {"nvidia.com/gpu.family": "hopper"}
+    # No GFD name recorded for the L40S: its product is not checked, its family and count are.
+    assert nodes["l40s1"].gfd_labels() == {"nvidia.com/gpu.family": "ada-lovelace", "nvidia.com/gpu.count": "2"}
+    assert nodes["odd1"].gfd_labels() == {}
+
+
+def test_every_recorded_gfd_product_is_nvml_naming():
+    """GFD's product is NVML's name with spaces as dashes: never spaces, always NVIDIA's prefix."""
+    recorded = {name: model.gfd_product for name, model in gpus.catalog().items() if model.gfd_product}
+    assert recorded["H200-SXM-141GB"] == "NVIDIA-H200" and recorded["H100-SXM5-80GB"] == "NVIDIA-H100-80GB-HBM3"
+    for product in recorded.values():
+        assert product.startswith("NVIDIA-") and " " not in product

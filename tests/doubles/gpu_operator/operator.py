@@ -47,6 +47,7 @@ class Hardware:
     product: str       # GFD's nvidia.com/gpu.product, e.g. NVIDIA-H100-80GB-HBM3
     pci_device: str    # e.g. 0x2330
     count: int
+    family: str = "hopper"  # GFD's nvidia.com/gpu.family (hopper, ada-lovelace, ...)
     os_tag: str = "ubuntu22.04"
     kernel: str = "5.15.0-1048-nvidia"
 
@@ -145,7 +146,7 @@ class DoubleGpuOperator(DoubleController):
             resources = self.resources(policy, labels, hw)
             shared = resources.get("nvidia.com/gpu", 0) > hw.count
             gfd = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(hw.count),
-                   "nvidia.com/gpu.product": hw.product + ("-SHARED" if shared else "")}
+                   "nvidia.com/gpu.product": hw.product + ("-SHARED" if shared else ""), "nvidia.com/gpu.family": hw.family}
             if "nvidia.com/mig.config" in labels:
                 gfd["nvidia.com/mig.config.state"] = "success"
             self._apply([{"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": gfd}}])

@@ -1,0 +1,51 @@
+"""Preflight on a node where Ansible reads no network facts (no `ip` command: the lent GPU
+machine, a minimal image) must still report every problem in its one summary. It used to stop
+with a template error (all_ipv4_addresses undefined) before naming any of them; seen on a real
+H200 machine (tests/gpu/fixtures). Runs the real playbook with a local connection, leaving out
+`ip` out of reach in a mount namespace of its own, as on that machine; read-only, writes nothing
+here."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuboot.config.loader import load_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = ROOT / "tests" / "gpu" / "inventory" / "hosts.ini"
+
+
+def test_preflight_names_its_problems_without_network_facts(tmp_path):
+    extravars = tmp_path / "extravars.json"
+    extravars.write_text(json.dumps(load_cluster(INVENTORY).extravars()))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    ip = shutil.which("ip")
+    if ip is None or os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root, unshare and an ip command to hide (run as CI does)")
+    playbook = [sys.executable, "-m", "ansible.cli.playbook", "-i", str(INVENTORY), "-l", "gpu1", "-c", "local",
+                "-e", f"@{extravars}", str(ROOT / "playbooks" / "preflight.yml")]
+    # /dev/null over the ip binary: Ansible's setup module finds no executable ip, as on that machine.
+    hide = f"mount --bind /dev/null {shlex.quote(os.path.realpath(ip))} && exec \"$@\""
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", hide, "sh", *playbook],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    (tmp_path / "preflight.log").write_text(out)
+    assert proc.returncode != 0, out
+    assert "Error rendering template" not in out and "UndefinedMarker" not in out, out
+    assert "Preflight found problems on 1 host(s)" in out, out
+    # The summary says what the node lacks, in the words an operator acts on.
+    assert "gpu1: inventory address 127.0.0.21 is not on this host (it has no addresses Ansible could read)" in out
+    assert "gpu1: no default route" in out
+    assert "gpu1: ip: not found, install iproute2" in out
+    # Nothing listens on the loopback VIP: the probe must run and find it free, not fail and
+    # be read as an answering VIP.
+    assert "VIP 127.0.0.10:8443 already answers" not in out
