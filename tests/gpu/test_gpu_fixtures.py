@@ -1,0 +1,186 @@
+"""What tests/gpu/run.sh captured on a real GPU machine (tests/gpu/fixtures/<kind>/), held
+against what gpuboot plans and checks for that GPU: preflight's hardware module on the real
+card, the same facts through the GPU plan of a one-node inventory and through the checks a
+customer's node would meet, NVIDIA's gpu-feature-discovery labels against what validate and the
+GPU Operator double expect, the CDI spec nvidia-ctk wrote for a driver root that is not /, and
+the pods started through CRI with and without the CDI device. No GPU needed: these are the
+recorded outputs; run.sh on a GPU machine makes them again."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuboot import gpus
+from gpuboot.config.loader import load_cluster
+from tests.doubles.gpu_operator.operator import Hardware
+from tests.doubles.hardware.sysfs import build_tree
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "gpu" / "fixtures"
+INVENTORY = ROOT / "tests" / "gpu" / "inventory" / "hosts.ini"
+DOUBLE_SPEC = ROOT / "tests" / "gpu" / "doubles" / "nvidia-cdi-double.yaml"
+MODULE_PATH = ROOT / "roles" / "preflight" / "library" / "gpuboot_hardware_facts.py"
+DRIVER_ROOT = "/usr/local/nvidia"
+KINDS = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+
+_spec = importlib.util.spec_from_file_location("gpuboot_hardware_facts", MODULE_PATH)
+hw = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hw)
+
+
+def read(kind: str, name: str) -> str:
+    return (FIXTURES / kind / name).read_text()
+
+
+def labels(kind: str, strategy: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in read(kind, f"gfd-{strategy}.labels").splitlines() if "=" in line)
+
+
+def real_facts(kind: str) -> dict:
+    return json.loads(read(kind, "hardware-facts.json"))
+
+
+def gpu1():
+    return load_cluster(INVENTORY).gpu_plan.nodes["gpu1"]
+
+
+def test_fixtures_exist_for_a_gpu_kind():
+    assert KINDS, "no GPU run recorded under tests/gpu/fixtures"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_step_passed_but_preflight_which_names_only_what_the_machine_lacks(kind):
+    steps = {line.split("\t")[0]: int(line.split("\t")[1]) for line in read(kind, "steps.tsv").splitlines()}
+    assert {name for name, rc in steps.items() if rc != 0} == {"02-preflight"}
+    summary = read(kind, "02-preflight.log").split("Preflight found problems on 1 host(s):", 1)[1].split("\n\n", 1)[0]
+    problems = [line.strip() for line in summary.splitlines() if line.strip()]
+    # The lent machine has no systemd, iproute2 or kmod and no network: a customer's node would
+    # be refused for the same reasons. Nothing about its GPU.
+    assert problems and all(p.startswith("gpu1: ") for p in problems)
+    assert not [p for p in problems if "GPU" in p or "nouveau" in p or "driver" in p], problems
+    assert "gpu1: systemctl: not found, install systemd" in problems
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_preflight_module_on_the_real_gpu_finds_the_declared_model(kind):
+    result = real_facts(kind)
+    found = result["ansible_facts"]["gpuboot_hardware"]
+    plan = gpu1()
+    assert result["problems"] == []
+    assert [(g["model"], g["device_id"], g["architecture"], g["mig"], g["driver"]) for g in found["gpus"]] == [
+        (plan.model.name, plan.model.pci_devices[0], plan.model.architecture, True, "nvidia")]
+    assert len(found["gpus"]) == plan.count
+    # The GPU Operator's driver is open kernel modules; so is the one this machine runs.
+    assert found["nvidia_driver"]["open"] is True and found["nvidia_driver"]["version"].startswith("580.")
+    assert found["nvidia_loaded"] and not found["nouveau_loaded"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_sysfs_double_built_from_the_capture_reads_as_the_real_machine(kind, tmp_path):
+    """The /sys double (tests/doubles/hardware) fed this machine's capture gives the facts the
+    module gave on the machine itself."""
+    capture = json.loads(read(kind, "hardware-capture.json"))
+    sys_root, proc_root = build_tree(capture, tmp_path / "host")
+    from_double = hw.discover(str(sys_root), str(proc_root), [], gpus.catalog_data())
+    real = real_facts(kind)["ansible_facts"]["gpuboot_hardware"]
+    for key in ("gpus", "nvidia_driver", "nvswitches", "connectx", "secure_boot", "nvidia_loaded", "nouveau_loaded"):
+        assert from_double[key] == real[key], key
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("declared", "problem"), [
+    ({"model": "H200-SXM-141GB", "count": 1}, None),
+    ({"model": "H200-SXM-141GB", "count": 8}, "the inventory expects 8 GPU(s), found 1"),
+    ({"model": "H100-SXM5-80GB", "count": 1}, "the inventory says H100-SXM5-80GB, the node has H200 SXM 141GB"),
+    ({"model": "H200-SXM-141GB", "count": 1, "mig": {"layout": "all-1g.18gb"}}, None),
+])
+def test_the_checks_a_customers_node_meets_on_these_facts(kind, declared, problem):
+    found = real_facts(kind)["ansible_facts"]["gpuboot_hardware"]
+    problems, _ = hw.evaluate(found, True, declared, [], "open")
+    if problem is None:
+        assert problems == []
+    else:
+        assert any(problem in p for p in problems), problems
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gfd_labels_are_what_validate_and_the_plan_expect(kind):
+    mixed, single = labels(kind, "mixed"), labels(kind, "single")
+    plan = gpu1()
+    # validate's check (gpuboot_cluster_check.check_gfd_labels) compares exactly these.
+    for key, value in plan.gfd_labels().items():
+        assert mixed[key] == value, key
+    assert mixed["nvidia.com/gpu.count"] == str(plan.count)
+    assert mixed["nvidia.com/mig.capable"] == str(plan.model.mig is not None).lower()
+    assert mixed["nvidia.com/mig.strategy"] == "mixed" and single["nvidia.com/mig.strategy"] == "single"
+    assert mixed["nvidia.com/gpu.replicas"] == "1" and mixed["nvidia.com/gpu.sharing-strategy"] == "none"
+    # The driver GFD reads through NVML is the one preflight read from /proc.
+    driver = real_facts(kind)["ansible_facts"]["gpuboot_hardware"]["nvidia_driver"]["version"]
+    assert mixed["nvidia.com/cuda.driver-version.full"] == driver
+    assert int(mixed["nvidia.com/cuda.runtime-version.major"]) >= 12
+    # The plan's node resources match what the device plugin would advertise for one whole GPU.
+    assert plan.resources("mixed") == {"nvidia.com/gpu": int(mixed["nvidia.com/gpu.count"])}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_gpu_operator_double_labels_as_real_gfd_does(kind):
+    """The double's GFD labels (tests/doubles/gpu_operator) for this GPU are a subset of real GFD's,
+    letter for letter, except gpu.present, which NFD and the operator set, not GFD."""
+    real = labels(kind, "mixed")
+    plan = gpu1()
+    double = Hardware(real["nvidia.com/gpu.product"], plan.model.pci_devices[0], plan.count, real["nvidia.com/gpu.family"])
+    made = {"nvidia.com/gpu.count": str(double.count), "nvidia.com/gpu.product": double.product,
+            "nvidia.com/gpu.family": double.family}
+    assert made == {k: real[k] for k in made}
+    assert plan.model.gfd_product == double.product
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_nvidia_ctk_spec_for_a_driver_root_that_is_not_slash(kind):
+    spec = yaml.safe_load(read(kind, "cdi-nvidia.yaml"))
+    assert spec["kind"] == "nvidia.com/gpu"
+    names = {d["name"] for d in spec["devices"]}
+    assert {"0", "all"} <= names and any(n.startswith("GPU-") for n in names)
+    edits = spec["containerEdits"]
+    nodes = {n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])}
+    nodes |= {n["path"] for n in edits.get("deviceNodes", [])}
+    assert {"/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"} <= nodes
+    mounts = edits["mounts"]
+    # Libraries and binaries come from the driver root and land where a container looks for them.
+    assert all(m["hostPath"].startswith((DRIVER_ROOT + "/", "/dev/", "/run/")) for m in mounts), mounts
+    assert not [m for m in mounts if m["containerPath"].startswith(DRIVER_ROOT)]
+    smi = [m for m in mounts if m["hostPath"] == f"{DRIVER_ROOT}/bin/nvidia-smi"]
+    assert smi and smi[0]["containerPath"] == "/bin/nvidia-smi"
+    assert any(m["hostPath"].startswith(f"{DRIVER_ROOT}/lib64/libnvidia-ml.so") for m in mounts)
+    hooks = edits["hooks"]
+    assert all(h["path"].endswith("/nvidia-cdi-hook") for h in hooks)
+    assert any("update-ldcache" in h["args"] for h in hooks)
+    # The CPU machine's double has the kind and the device names containerd resolves.
+    double = yaml.safe_load(DOUBLE_SPEC.read_text())
+    assert double["kind"] == spec["kind"] and {d["name"] for d in double["devices"]} <= names
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_only_the_pod_with_the_cdi_device_sees_the_gpu(kind):
+    with_gpu, without = read(kind, "09-pod-with-gpu.log"), read(kind, "10-pod-without-gpu.log")
+    assert "exit code: 0" in with_gpu
+    assert f"GPU 0: {labels(kind, 'mixed')['nvidia.com/gpu.product'].replace('-', ' ')} (UUID: GPU-" in with_gpu
+    assert f"{labels(kind, 'mixed')['nvidia.com/gpu.memory']} MiB" in with_gpu
+    assert "crw-rw-rw-" in with_gpu and "/dev/nvidia0" in with_gpu
+    assert "exit code: 127" in without and "nvidia-smi: not found" in without
+    assert "ls: /dev/nvidia*: No such file or directory" in without
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_containerd_2_ran_the_rendered_config_and_gpuboots_check_passed(kind):
+    check = read(kind, "06-containerd-check.log")
+    assert "failed=0" in check and "ok=" in check
+    dump = read(kind, "containerd-config-dump.toml")
+    assert "SystemdCgroup = false" in dump  # the machine's drop-in, merged by containerd itself
+    assert "sandbox = 'mirror.gpu-proof.internal:5000/registry.k8s.io/pause:3.10.1'" in dump
+    assert "default_runtime_name = 'runc'" in dump and "'/var/run/cdi'" in dump
+    assert "containerd github.com/containerd/containerd/v2 v2.4.2" in read(kind, "01-unpack.log")
