@@ -28,8 +28,17 @@ def _ansible() -> SimpleNamespace:
     from ansible.vars.hostvars import HostVars
     from ansible.vars.manager import VariableManager
 
+    from ansible import constants
+
+    from gpuboot import content
+
     if not context.CLIARGS:
         context.CLIARGS = ImmutableDict(extra_vars=())
+    # gpuboot's roles wherever it runs from: ansible.cfg's roles_path is read from the working
+    # directory, and an operator works in the inventory's folder.
+    roles = str(content.content_dir() / "roles")
+    if roles not in constants.DEFAULT_ROLES_PATH:
+        constants.DEFAULT_ROLES_PATH = [roles, *constants.DEFAULT_ROLES_PATH]
     init_plugin_loader()
     return SimpleNamespace(Playbook=Playbook, Templar=Templar, trust_as_template=trust_as_template,
                            VariableManager=VariableManager, HostVars=HostVars, template_vars=generate_ansible_template_vars)

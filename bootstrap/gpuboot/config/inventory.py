@@ -321,7 +321,9 @@ def read_inventory(path: Path, *, located: bool = True) -> AnsibleInventory:
 def _resolve_variables(inv: AnsibleInventory, data, loader, a: SimpleNamespace) -> None:
     """Each host's variables in Ansible's precedence (inventory stages of VARIABLE_PRECEDENCE,
     then the host's own), each group's and host's computed once, and where each is defined."""
-    file = str(inv.path)
+    # Absolute: Ansible's vars plugins look for group_vars/ and host_vars/ beside the source, and an
+    # operator runs gpuboot from the inventory's own folder with a relative path.
+    file = str(inv.path.absolute())
     # The vars plugins (host_group_vars reads group_vars/ and host_vars/) as the enabled list
     # names them; stage "all" is what ansible-inventory and a play both see.
     list(a.vars_loader.all(class_only=True))
