@@ -19,7 +19,7 @@ TEMPLATE_OVERRIDES = {"trim_blocks": True, "lstrip_blocks": False, "newline_sequ
 
 @cache
 def _ansible() -> SimpleNamespace:
-    from ansible import context
+    from ansible import constants, context
     from ansible._internal._templating._template_vars import generate_ansible_template_vars
     from ansible.module_utils.common.collections import ImmutableDict
     from ansible.playbook import Playbook
@@ -27,8 +27,6 @@ def _ansible() -> SimpleNamespace:
     from ansible.template import Templar, trust_as_template
     from ansible.vars.hostvars import HostVars
     from ansible.vars.manager import VariableManager
-
-    from ansible import constants
 
     from gpuboot import content
 
