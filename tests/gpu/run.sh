@@ -16,6 +16,8 @@ REPO=$PWD
 OUT=${OUT:-$REPO/tests/gpu/out}
 KIT_ARCHIVE=${KIT_ARCHIVE:-$REPO/tests/gpu/kit/kit.tar.xz}
 DRIVER_ROOT=${GPUBOOT_DRIVER_ROOT:-/usr/local/nvidia}
+# The host of tests/gpu/inventory that declares this machine's GPU (gpu1: an H200, gpu2: an H100).
+HOST=${GPUBOOT_PROOF_HOST:-gpu1}
 KIT=${GPUBOOT_KIT_DIR:-/opt/gpuboot-kit}
 export PATH=$KIT/bin:$PATH
 RESULTS=$OUT/results
@@ -63,7 +65,7 @@ unpack() {
   for tool in containerd runc crictl nvidia-ctk gpu-feature-discovery; do "$tool" --version 2>&1 | head -2; done
 }
 
-# The address the inventory gives gpu1 is this machine's own, as on a customer's node.
+# The address the inventory gives the host is this machine's own, as on a customer's node.
 own_address() { hostname -I 2>/dev/null | awk '{print $1}'; }
 
 # Ansible's fact cache outside the checkout: the run writes nothing into the tree.
@@ -79,24 +81,24 @@ preflight() {
   ansible_env
   rm -rf "$FACTS"
   python3 -m ansible.cli.playbook --version | head -1
-  python3 -m ansible.cli.playbook -i tests/gpu/inventory/hosts.ini -l gpu1 -c local \
+  python3 -m ansible.cli.playbook -i tests/gpu/inventory/hosts.ini -l "$HOST" -c local \
     -e "@$KIT/node/extravars.json" -e "ansible_host=$(own_address)" playbooks/preflight.yml
   local rc=$?
   python3 tests/doubles/hardware/capture.py "$RESULTS/hardware-capture.json"
   return $rc
 }
 
-# preflight's hardware module on its own, with the inputs the preflight role gives it for gpu1
+# preflight's hardware module on its own, with the inputs the preflight role gives it for the host
 # (the play above stops at its summary of problems, so its results are taken here).
 hardware_facts() {
   ansible_env
   rm -rf "$RESULTS/facts-tree"
-  python3 -m ansible.cli.adhoc gpu1 -i tests/gpu/inventory/hosts.ini -c local -M roles/preflight/library \
+  python3 -m ansible.cli.adhoc "$HOST" -i tests/gpu/inventory/hosts.ini -c local -M roles/preflight/library \
     -e "@$KIT/node/extravars.json" -m gpuboot_hardware_facts -t "$RESULTS/facts-tree" \
-    -a '{"expect_gpu": true, "gpu": "{{ gpuboot_nodes.gpu1.gpu }}", "gpu_models": "{{ gpuboot_gpu_models }}",
+    -a '{"expect_gpu": true, "gpu": "{{ gpuboot_nodes[inventory_hostname].gpu }}", "gpu_models": "{{ gpuboot_gpu_models }}",
          "kernel_module_type": "{{ gpuboot_release.gpu_operator.kernel_module_type }}"}'
   local rc=$?
-  mv "$RESULTS/facts-tree/gpu1" "$RESULTS/hardware-facts.json" && rmdir "$RESULTS/facts-tree"
+  mv "$RESULTS/facts-tree/$HOST" "$RESULTS/hardware-facts.json" && rmdir "$RESULTS/facts-tree"
   [ "$rc" = 0 ] || return $rc
   # The step passes only when the module finds the GPU the inventory declares, as on a customer's node.
   python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("problems:", r["problems"]); sys.exit(bool(r["problems"]))' \
@@ -107,7 +109,7 @@ nvml_dir() { dirname "$(find "$DRIVER_ROOT" -name 'libnvidia-ml.so.1' | head -1)
 
 gfd() {
   local strategy=$1
-  LD_LIBRARY_PATH=$(nvml_dir) NODE_NAME=gpu1 gpu-feature-discovery --oneshot --no-timestamp \
+  LD_LIBRARY_PATH=$(nvml_dir) NODE_NAME=$HOST gpu-feature-discovery --oneshot --no-timestamp \
     --use-node-feature-api=false --device-discovery-strategy=nvml --mig-strategy="$strategy" \
     --output-file="$RESULTS/gfd-$strategy.labels"
   local rc=$?
@@ -141,7 +143,7 @@ containerd_up() {
 containerd_check() {
   ansible_env
   # gpuboot's own tasks (roles/container_runtime/tasks/check.yml), with this node's inputs.
-  python3 -m ansible.cli.playbook -i tests/gpu/inventory/hosts.ini -l gpu1 -c local \
+  python3 -m ansible.cli.playbook -i tests/gpu/inventory/hosts.ini -l "$HOST" -c local \
     -e "@$KIT/node/extravars.json" -e container_runtime_systemd_cgroup=false playbooks/container_runtime_check.yml
 }
 

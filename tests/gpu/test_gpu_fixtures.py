@@ -26,6 +26,8 @@ DOUBLE_SPEC = ROOT / "tests" / "gpu" / "doubles" / "nvidia-cdi-double.yaml"
 MODULE_PATH = ROOT / "roles" / "preflight" / "library" / "gpuboot_hardware_facts.py"
 DRIVER_ROOT = "/usr/local/nvidia"
 KINDS = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+# The host of tests/gpu/inventory that declares each kind's GPU (run.sh's GPUBOOT_PROOF_HOST).
+HOSTS = {"nvidia-h200": "gpu1", "nvidia-h100-x1": "gpu2"}
 
 _spec = importlib.util.spec_from_file_location("gpuboot_hardware_facts", MODULE_PATH)
 hw = importlib.util.module_from_spec(_spec)
@@ -44,12 +46,14 @@ def real_facts(kind: str) -> dict:
     return json.loads(read(kind, "hardware-facts.json"))
 
 
-def gpu1():
-    return load_cluster(INVENTORY).gpu_plan.nodes["gpu1"]
+def planned(kind: str):
+    """gpuboot's plan for the host that declares this kind's GPU."""
+    return load_cluster(INVENTORY).gpu_plan.nodes[HOSTS[kind]]
 
 
-def test_fixtures_exist_for_a_gpu_kind():
+def test_fixtures_exist_for_a_gpu_kind_the_inventory_declares():
     assert KINDS, "no GPU run recorded under tests/gpu/fixtures"
+    assert set(KINDS) <= set(HOSTS), "a kind's run needs its host in tests/gpu/inventory and in HOSTS"
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -60,16 +64,16 @@ def test_every_step_passed_but_preflight_which_names_only_what_the_machine_lacks
     problems = [line.strip() for line in summary.splitlines() if line.strip()]
     # The lent machine has no systemd, iproute2 or kmod and no network: a customer's node would
     # be refused for the same reasons. Nothing about its GPU.
-    assert problems and all(p.startswith("gpu1: ") for p in problems)
+    assert problems and all(p.startswith(f"{HOSTS[kind]}: ") for p in problems)
     assert not [p for p in problems if "GPU" in p or "nouveau" in p or "driver" in p], problems
-    assert "gpu1: systemctl: not found, install systemd" in problems
+    assert f"{HOSTS[kind]}: systemctl: not found, install systemd" in problems
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_preflight_module_on_the_real_gpu_finds_the_declared_model(kind):
     result = real_facts(kind)
     found = result["ansible_facts"]["gpuboot_hardware"]
-    plan = gpu1()
+    plan = planned(kind)
     assert result["problems"] == []
     assert [(g["model"], g["device_id"], g["architecture"], g["mig"], g["driver"]) for g in found["gpus"]] == [
         (plan.model.name, plan.model.pci_devices[0], plan.model.architecture, True, "nvidia")]
@@ -92,25 +96,26 @@ def test_the_sysfs_double_built_from_the_capture_reads_as_the_real_machine(kind,
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize(("declared", "problem"), [
-    ({"model": "H200-SXM-141GB", "count": 1}, None),
-    ({"model": "H200-SXM-141GB", "count": 8}, "the inventory expects 8 GPU(s), found 1"),
-    ({"model": "H100-SXM5-80GB", "count": 1}, "the inventory says H100-SXM5-80GB, the node has H200 SXM 141GB"),
-    ({"model": "H200-SXM-141GB", "count": 1, "mig": {"layout": "all-1g.18gb"}}, None),
-])
-def test_the_checks_a_customers_node_meets_on_these_facts(kind, declared, problem):
+def test_the_checks_a_customers_node_meets_on_these_facts(kind):
     found = real_facts(kind)["ansible_facts"]["gpuboot_hardware"]
-    problems, _ = hw.evaluate(found, True, declared, [], "open")
-    if problem is None:
-        assert problems == []
-    else:
-        assert any(problem in p for p in problems), problems
+    model = planned(kind).model
+    other = next(m for m in gpus.catalog().values() if m.pci_devices != model.pci_devices and m.mig)
+    layout = f"all-{next(iter(model.mig.profiles))}"
+
+    def problems(declared):
+        return hw.evaluate(found, True, declared, [], "open")[0]
+
+    assert problems({"model": model.name, "count": 1}) == []
+    assert problems({"model": model.name, "count": 1, "mig": {"layout": layout}}) == []
+    assert any("the inventory expects 8 GPU(s), found 1" in p for p in problems({"model": model.name, "count": 8}))
+    assert any(f"the inventory says {other.name}, the node has {model.product}" in p
+               for p in problems({"model": other.name, "count": 1}))
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_gfd_labels_are_what_validate_and_the_plan_expect(kind):
     mixed, single = labels(kind, "mixed"), labels(kind, "single")
-    plan = gpu1()
+    plan = planned(kind)
     # validate's check (gpuboot_cluster_check.check_gfd_labels) compares exactly these.
     for key, value in plan.gfd_labels().items():
         assert mixed[key] == value, key
@@ -131,7 +136,7 @@ def test_the_gpu_operator_double_labels_as_real_gfd_does(kind):
     """The double's GFD labels (tests/doubles/gpu_operator) for this GPU are a subset of real GFD's,
     letter for letter, except gpu.present, which NFD and the operator set, not GFD."""
     real = labels(kind, "mixed")
-    plan = gpu1()
+    plan = planned(kind)
     double = Hardware(real["nvidia.com/gpu.product"], plan.model.pci_devices[0], plan.count, real["nvidia.com/gpu.family"])
     made = {"nvidia.com/gpu.count": str(double.count), "nvidia.com/gpu.product": double.product,
             "nvidia.com/gpu.family": double.family}
