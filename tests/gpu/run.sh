@@ -61,6 +61,9 @@ machine() {
 unpack() {
   rm -rf "$KIT" && mkdir -p "$KIT" && tar -xf "$KIT_ARCHIVE" -C "$KIT" || return 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$KIT/site" "$KIT"/wheels/*.whl
+  # A kit packed from another inventory would fail later, deep in Ansible: say it here.
+  python3 -c 'import json, sys; sys.exit(sys.argv[2] not in json.load(open(sys.argv[1]))["gpuboot_nodes"])' \
+    "$KIT/node/extravars.json" "$HOST" || { echo "the kit was packed without host $HOST: gpuboot lab gpu-kit pack"; return 1; }
   cat "$KIT/versions.tsv"
   for tool in containerd runc crictl nvidia-ctk gpu-feature-discovery; do "$tool" --version 2>&1 | head -2; done
 }
