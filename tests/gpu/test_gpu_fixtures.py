@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuboot import gpus
+from gpuboot import gpus, matrix
 from gpuboot.config.loader import load_cluster
 from tests.doubles.gpu_operator.operator import Hardware
 from tests.doubles.hardware.sysfs import build_tree
@@ -189,3 +189,20 @@ def test_containerd_2_ran_the_rendered_config_and_gpuboots_check_passed(kind):
     assert "sandbox = 'mirror.gpu-proof.internal:5000/registry.k8s.io/pause:3.10.1'" in dump
     assert "default_runtime_name = 'runc'" in dump and "'/var/run/cdi'" in dump
     assert "containerd github.com/containerd/containerd/v2 v2.4.2" in read(kind, "01-unpack.log")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_gpu_tables_memory_and_the_smoke_images_cuda_fit_what_gfd_reports(kind):
+    """The GPU table's name carries the card's memory (H200-SXM-141GB): GFD's MiB, in GiB, must
+    agree within 2 %. validate's smoke Job runs the matrix's CUDA base image with nvidia-smi: the
+    CUDA the driver supports (GFD's cuda.runtime-version) must be at least the image's."""
+    real = labels(kind, "mixed")
+    plan = planned(kind)
+    named_gb = int(plan.model.name.rsplit("-", 1)[1].removesuffix("GB"))
+    gib = int(real["nvidia.com/gpu.memory"]) / 1024
+    assert abs(gib - named_gb) / named_gb < 0.02, (gib, named_gb)
+    release = load_cluster(INVENTORY).settings.release
+    smoke = matrix.entry(release)["images"]["gpu_operator"]["smokeTest"]
+    image_cuda = tuple(int(x) for x in smoke.split(":")[1].split("-")[0].split(".")[:2])
+    driver_cuda = (int(real["nvidia.com/cuda.runtime-version.major"]), int(real["nvidia.com/cuda.runtime-version.minor"]))
+    assert driver_cuda >= image_cuda, (smoke, driver_cuda)
