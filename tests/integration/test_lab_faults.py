@@ -18,6 +18,7 @@ The tests share the cluster (module scope) and run in file order."""
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -332,9 +333,17 @@ def test_a_worker_losing_power_while_upgraded_stops_the_upgrade_and_resume_finis
     _wait_until(lambda: _cluster_problems(info, info["version"]) + _etcd_problems(info), timeout=240)
     capsys.readouterr()
     # w1 is drained, its kubeadm package upgraded, then kubeadm upgrades its kubelet configuration
-    # (under a second): power is lost right then. The node watches for that itself, every 50 ms.
-    cut = PowerCut(info, w1, _container(w1),
-                   "timeout 50 sh -c 'until pgrep -f \"kubeadm upgrade nod[e]\"; do sleep 0.05; done'", timeout=1800)
+    # (under a second): power is lost right then. A watcher on the node itself, started once and
+    # running without a gap, sees kubeadm within 50 ms and freezes it (SIGSTOP) so that the cut,
+    # asked for over SSH, still lands inside that step; the mark lives in /run, gone with the power.
+    # (A watch restarted over SSH every 50 s missed the step once: it had a gap at each restart.)
+    seen = "/run/gpuboot-fault-kubeadm-seen"
+    watcher = ("until pgrep -f 'kubeadm upgrade nod[e]' >/dev/null; do sleep 0.05; done; "
+               f"pkill -STOP -f 'kubeadm upgrade nod[e]'; touch {seen}")
+    started = ssh(info, w1, f"rm -f {seen}; setsid timeout 1800 sh -c {shlex.quote(watcher)} "
+                            "</dev/null >/dev/null 2>&1 & echo started")
+    assert "started" in started.stdout, started.stderr
+    cut = PowerCut(info, w1, _container(w1), f"test -e {seen}", timeout=1800)
     with cut:
         code = run(["upgrade", inventory, "--to", UPGRADE_TO, "--output", "json"])
     said = capsys.readouterr().out
