@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def results(kit_archive, tmp_path_factory) -> dict[str, str]:
     env = dict(os.environ, OUT=str(work / "out"), KIT_ARCHIVE=str(kit_archive), GPUBOOT_KIT_DIR=str(work / "kit"),
                GPUBOOT_CDI_SPEC_DOUBLE=str(DOUBLE_SPEC), TMPDIR=str(work),
                # The script's Ansible runs under this environment's Python (the machine's own there).
-               PATH=f"{Path(os.sys.executable).parent}:{os.environ['PATH']}")
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     proc = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "sh", "-c",
                            f'{mounts} && exec bash "$0"', str(ROOT / "tests" / "gpu" / "run.sh")],
                           env=env, capture_output=True, text=True, timeout=600)
