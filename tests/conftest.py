@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.reuse import ReusePlugin
+
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    # Records a reused lab module's pass only when the whole module passed (tests/support/reuse.py).
+    config.pluginmanager.register(ReusePlugin(), "gpuboot-reuse")
 
 
 @pytest.fixture(autouse=True)
@@ -12,12 +19,3 @@ def _isolated_state(tmp_path, monkeypatch):
     """Each test keeps gpuboot state in its own directory."""
     monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
     yield
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Each phase's report on the test item (rep_setup, rep_call), for fixtures that act on
-    the outcome (tests/support/reuse.py)."""
-    report = yield
-    setattr(item, f"rep_{report.when}", report)
-    return report

@@ -69,13 +69,22 @@ def image_key() -> str:
     return digest.hexdigest()[:12]
 
 
+def image_tarball(cache_dir: Path) -> Path:
+    """Where the node image of today's recipe is (or will be) kept."""
+    return cache_dir / f"node-{image_key()}.tar"
+
+
+def image_reference() -> str:
+    """The node image of today's recipe, as podman names it."""
+    return f"{IMAGE_NAME}:{image_key()}"
+
+
 def ensure_image(podman: Podman, cache_dir: Path, log=print) -> str:
     """Returns the image reference, building and importing it only when missing."""
-    key = image_key()
-    ref = f"{IMAGE_NAME}:{key}"
+    ref = image_reference()
     if podman.exists("image", ref):
         return ref
-    tarball = cache_dir / f"node-{key}.tar"
+    tarball = image_tarball(cache_dir)
     if not tarball.exists():
         log(f"building lab node image {ref} (about a minute, cached afterwards)")
         _build_tarball(tarball)

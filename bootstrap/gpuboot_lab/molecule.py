@@ -15,7 +15,8 @@ from pathlib import Path
 from gpuboot import content
 from gpuboot_lab.cluster import Lab, LabSpec
 from gpuboot_lab.errors import LabError
-from gpuboot_lab.image import ensure_image
+from gpuboot_lab.fingerprint import fingerprint_digest, node_image_contents
+from gpuboot_lab.image import ensure_image, image_reference, image_tarball
 from gpuboot_lab.podman import write_containers_conf
 
 NAME = "molecule"
@@ -23,6 +24,7 @@ SUBNET = "10.213.200.0/24"
 
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuboot" / "molecule"
+LOGS = CACHE / "logs"
 # GPUBOOT_MOLECULE_FRESH=1 runs every scenario even when its inputs passed before.
 FRESH_ENV = "GPUBOOT_MOLECULE_FRESH"
 
@@ -33,20 +35,23 @@ class ScenarioResult:
     ok: bool
     seconds: float
     log: Path
+    # Reused: the same inputs passed before on this machine; `log` is that pass's log.
     cached: bool = False
 
 
-# A path under tests/ that a scenario's files name (a double it copies in, a helper it runs).
-_TEST_PATH = re.compile(r"tests/(?:doubles|support)/[\w.-]+(?:/[\w.-]+)*")
+# A path that a scenario's files name: a test double it copies in, a helper it runs, a release
+# file of the matrix it reads.
+_NAMED_PATH = re.compile(r"(?:tests/(?:doubles|support)|mirror/releases)/[\w.-]+(?:/[\w.-]+)*")
 
 
-def _test_parts(root: Path, role: str) -> list[Path]:
-    """The test doubles and helpers the role's scenario names: a double's whole folder (it may
-    import its neighbours), a helper file alone. Another role's double is not this one's input."""
+def _named_parts(root: Path, role: str) -> list[Path]:
+    """The test doubles, helpers and release files the role's scenario names: a double's whole
+    folder (it may import its neighbours), a helper or release file alone. Another role's
+    double is not this one's input."""
     named: set[Path] = set()
     for file in sorted((root / "roles" / role / "molecule").rglob("*")):
         if file.is_file():
-            for match in _TEST_PATH.findall(file.read_text(errors="replace")):
+            for match in _NAMED_PATH.findall(file.read_text(errors="replace")):
                 path = root / match
                 if match.startswith("tests/doubles/"):
                     path = root / "/".join(match.split("/")[:3])
@@ -55,13 +60,17 @@ def _test_parts(root: Path, role: str) -> list[Path]:
 
 
 def scenario_key(role: str, image: str) -> str:
-    """Everything a scenario's outcome depends on: the role with its scenario, the test
-    doubles and helpers that scenario names, the node image, and the pinned tool versions."""
+    """Everything a scenario's outcome depends on: the role with its scenario, the shared
+    molecule config (driver, platforms, test sequence), the doubles, helpers and release files
+    the scenario names, the node image, the lock and this machine's installed tools
+    (gpuboot_lab.fingerprint)."""
     root = content.content_dir()
-    digest = hashlib.sha256(f"{role}|{image}".encode())
-    parts = [root / "roles" / role, *_test_parts(root, role), root / "pyproject.toml", Path(__file__)]
+    digest = hashlib.sha256(f"{role}|{image}|{fingerprint_digest()}".encode())
+    parts = [root / "roles" / role, *_named_parts(root, role), root / ".config" / "molecule" / "config.yml",
+             root / "pyproject.toml", root / "requirements.lock", Path(__file__)]
     for part in parts:
         if not part.exists():
+            digest.update(f"absent:{part.name}".encode())
             continue
         files = [part] if part.is_file() else sorted(p for p in part.rglob("*") if p.is_file())
         for file in files:
@@ -81,42 +90,68 @@ def roles_with_scenarios(only: tuple[str, ...] = ()) -> list[str]:
     return [r for r in roles if not only or r in only]
 
 
+class ScenarioRunner:
+    """Runs roles' scenarios one at a time on a fenced one-node lab network, started on the
+    first scenario that is not reused (a run that reuses them all starts nothing). Each run's
+    log is kept under the cache's logs/ folder; a pass is recorded by its key."""
+
+    def __init__(self, state_dir: Path, log=print, keep: bool = False) -> None:
+        self.lab = Lab(state_dir / "_lab" / NAME, log=log)
+        self.log = log
+        self.keep = keep
+        self._env: dict[str, str] | None = None
+        self.image = image_reference()
+
+    def __enter__(self) -> ScenarioRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._env is not None and not self.keep:
+            self.lab.down(NAME)
+
+    def _environment(self) -> dict[str, str]:
+        if self._env is None:
+            if self.lab.load() is None:
+                # A one-node lab gives the scenarios a fenced network with the apt cache on its gateway.
+                self.lab.up(LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=0, subnet=SUBNET),
+                            self.lab.dir / "inventory.yml")
+            self.image = ensure_image(self.lab.podman, self.lab.cache_dir, self.log)
+            self._env = dict(os.environ,
+                             GPUBOOT_MOLECULE_NETWORK=f"gpuboot-{NAME}",
+                             GPUBOOT_NODE_IMAGE=self.image,
+                             CONTAINERS_CONF=str(write_containers_conf(self.lab.cache_dir)),
+                             PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+        return self._env
+
+    def record(self, role: str) -> Path:
+        """The pass record for these inputs, the node image's Debian contents included."""
+        tarball = image_tarball(self.lab.cache_dir)
+        contents = node_image_contents(tarball) if tarball.is_file() else "unbuilt"
+        return CACHE / f"{role}-{scenario_key(role, f'{self.image}@{contents}')}.log"
+
+    def run(self, role: str) -> ScenarioResult:
+        passed = self.record(role)
+        if passed.is_file() and os.environ.get(FRESH_ENV) != "1":
+            self.log(f"molecule test: {role} reused: passed before with identical inputs ({passed})")
+            return ScenarioResult(role, True, 0.0, passed, cached=True)
+        env = self._environment()
+        LOGS.mkdir(parents=True, exist_ok=True)
+        logfile = LOGS / f"{role}-{time.strftime('%Y%m%dT%H%M%S')}.log"
+        self.log(f"molecule test: {role} (log {logfile})")
+        t0 = time.monotonic()
+        with logfile.open("w") as out:
+            proc = subprocess.run(["molecule", "test"], cwd=content.content_dir() / "roles" / role, stdout=out,
+                                  stderr=subprocess.STDOUT,
+                                  env={**env, "GPUBOOT_MOLECULE_PREFIX": f"mol-{role.replace('_', '-')}"})
+        result = ScenarioResult(role, proc.returncode == 0, round(time.monotonic() - t0, 1), logfile)
+        if result.ok:
+            passed = self.record(role)  # keyed by the node image as built, if the run built it
+            passed.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(logfile, passed)
+        self.log(f"  {'ok' if result.ok else 'FAILED'} {role} in {result.seconds}s")
+        return result
+
+
 def run_scenarios(state_dir: Path, only: tuple[str, ...] = (), log=print, keep: bool = False) -> list[ScenarioResult]:
-    roles = roles_with_scenarios(only)
-    lab = Lab(state_dir / "_lab" / NAME, log=log)
-    if lab.load() is None:
-        # A one-node lab gives the scenarios a fenced network with the apt cache on its gateway.
-        lab.up(LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=0, subnet=SUBNET),
-               lab.dir / "inventory.yml")
-    image = ensure_image(lab.podman, lab.cache_dir, log)
-    env = dict(os.environ,
-               GPUBOOT_MOLECULE_NETWORK=f"gpuboot-{NAME}",
-               GPUBOOT_NODE_IMAGE=image,
-               CONTAINERS_CONF=str(write_containers_conf(lab.cache_dir)),
-               PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
-    results = []
-    fresh = os.environ.get(FRESH_ENV) == "1"
-    try:
-        for role in roles:
-            role_dir = content.content_dir() / "roles" / role
-            logfile = lab.dir / f"molecule-{role}.log"
-            passed = CACHE / f"{role}-{scenario_key(role, image)}.log"
-            if passed.is_file() and not fresh:
-                # The same inputs passed before on this machine: reuse that result.
-                log(f"molecule test: {role} passed before with identical inputs ({passed})")
-                results.append(ScenarioResult(role, True, 0.0, passed, cached=True))
-                continue
-            log(f"molecule test: {role} (log {logfile})")
-            t0 = time.monotonic()
-            with logfile.open("w") as out:
-                proc = subprocess.run(["molecule", "test"], cwd=role_dir, stdout=out, stderr=subprocess.STDOUT,
-                                      env={**env, "GPUBOOT_MOLECULE_PREFIX": f"mol-{role.replace('_', '-')}"})
-            results.append(ScenarioResult(role, proc.returncode == 0, round(time.monotonic() - t0, 1), logfile))
-            if proc.returncode == 0:
-                passed.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(logfile, passed)
-            log(f"  {'ok' if proc.returncode == 0 else 'FAILED'} {role} in {results[-1].seconds}s")
-    finally:
-        if not keep:
-            lab.down(NAME)
-    return results
+    with ScenarioRunner(state_dir, log=log, keep=keep) as runner:
+        return [runner.run(role) for role in roles_with_scenarios(only)]

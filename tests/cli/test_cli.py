@@ -14,13 +14,32 @@ CORPUS = ROOT / "tests" / "corpus" / "malformed"
 
 
 def test_validate_sample(capsys):
-    assert run(["validate", SAMPLE]) == 0
+    # The sample names key, CA and credential files of its site, absent here.
+    assert run(["validate", SAMPLE, "--skip-files"]) == 0
     out = capsys.readouterr().out
     assert "valid" in out and "h200-prod" in out
 
 
+def test_validate_checks_the_files_the_inventory_names_by_default(tmp_path, capsys):
+    """A complete check: a CA that does not exist, an SSH key readable by others."""
+    assert run(["validate", SAMPLE]) == 2
+    err = capsys.readouterr().err
+    assert "group_vars/all.yml:20 gpuboot.mirror.ca_file: file /etc/gpuboot/mirror-ca.crt does not exist" in err
+    site = tmp_path / "site"
+    (site / "group_vars").mkdir(parents=True)
+    key = site / "id_ed25519"
+    key.write_text("not a real key\n")
+    key.chmod(0o644)
+    (site / "inventory.yml").write_text((ROOT / "inventories" / "sample" / "inventory.yml").read_text())
+    settings = (ROOT / "inventories" / "sample" / "group_vars" / "all.yml").read_text()
+    (site / "group_vars" / "all.yml").write_text(settings.replace("~/.ssh/gpuboot_ed25519", "id_ed25519"))
+    assert run(["validate", str(site / "inventory.yml")]) == 2
+    err = capsys.readouterr().err
+    assert "gpuboot.ssh.private_key_file: id_ed25519 holds a secret and is readable by others (mode 0644)" in err
+
+
 def test_validate_json(capsys):
-    assert run(["validate", SAMPLE, "--output", "json"]) == 0
+    assert run(["validate", SAMPLE, "--output", "json", "--skip-files"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data == {"valid": True, "cluster": "h200-prod", "nodes": 8}
 
@@ -79,3 +98,27 @@ def test_help_and_version(capsys):
     assert run(["--help"]) == 0
     assert "lab" in capsys.readouterr().out
     assert run(["--version"]) == 0
+
+
+@pytest.mark.parametrize(("signum", "code"), [("SIGHUP", 129), ("SIGTERM", 143)])
+def test_a_closed_terminal_or_a_scheduler_ends_a_command_with_128_plus_the_signal(signum, code, capsys):
+    import os
+    import signal
+    import time
+
+    import click
+
+    from gpuboot.cli.main import cli, register
+
+    @click.command("signal-me")
+    def signal_me():
+        os.kill(os.getpid(), getattr(signal, signum))
+        time.sleep(5)
+        raise AssertionError("the signal did not stop the command")
+
+    register(signal_me)
+    try:
+        assert run(["signal-me"]) == code
+    finally:
+        cli.commands.pop("signal-me")
+    assert f"terminated ({signum})" in capsys.readouterr().err

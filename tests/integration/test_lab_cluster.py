@@ -33,7 +33,7 @@ from gpuboot_lab.cluster import LabSpec
 from tests.integration.conftest import built_kubectl, kubernetes_lab, ssh
 from tests.support.faults import PowerCut
 from tests.support.probe import ApiProbe
-from tests.support.reuse import PRODUCT, reuse_or_run
+from tests.support.reuse import reuse_module
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -43,7 +43,16 @@ RELEASE = "k8s-1.34"  # the lab inventory's
 
 
 @pytest.fixture(scope="module")
-def cluster(lab, tmp_path_factory):
+def reused(request):
+    """The module's tests run in order, each from the state the one before left (the upgrade,
+    the etcd restore, nodes out and in, reset): it is run whole or skipped whole as REUSED,
+    while nothing it depends on changed since it passed on this machine
+    (tests/support/reuse.py; GPUBOOT_TESTS_FRESH=1 runs it)."""
+    yield from reuse_module(request)
+
+
+@pytest.fixture(scope="module")
+def cluster(reused, lab, tmp_path_factory):
     # `lab` first: the shared fixture decides skip-or-fail on machines without the lab.
     spec = LabSpec(name=NAME, control_planes=3, workers=2, gpu_workers=0, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)
@@ -55,17 +64,6 @@ def cluster(lab, tmp_path_factory):
 def _cluster_state(cluster, monkeypatch):
     """Every test of this module uses the cluster's own state directory (runs, lock, snapshots)."""
     monkeypatch.setenv("GPUBOOT_STATE_DIR", str(cluster["tmp"] / "state"))
-
-
-# The day-2 tests (upgrade, etcd restore, node remove and add) take most of this module's
-# time: while nothing they can depend on changed since they passed on this machine, they are
-# not run again (tests/support/reuse.py; GPUBOOT_TESTS_FRESH=1 runs them).
-DAY2_INPUTS = (*PRODUCT, "tests/integration/test_lab_cluster.py")
-
-
-@pytest.fixture
-def day2(request):
-    yield from reuse_or_run(request, DAY2_INPUTS)
 
 
 def _kubectl(info, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
@@ -318,7 +316,7 @@ def _all_five_nodes_ready(info) -> None:
         timeout=240)
 
 
-def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deployment_available(day2, cluster, capsys):
+def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deployment_available(cluster, capsys):
     inventory = str(cluster["inventory"])
     from_version, to_version = cluster["version"], matrix.load(UPGRADE_TO).kubernetes.version
     built_kubectl(to_version)
@@ -420,7 +418,7 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
           f"{figures.min_ready} pods Ready ({figures.pod_reads} reads); first at that count: {figures.lowest[:1]}")
 
 
-def test_etcd_snapshot_then_restore_brings_back_what_was_deleted(day2, cluster, capsys):
+def test_etcd_snapshot_then_restore_brings_back_what_was_deleted(cluster, capsys):
     inventory = str(cluster["inventory"])
     assert _kubectl(cluster, "create", "namespace", "restore-probe").returncode == 0
     assert run(["etcd", "snapshot", inventory]) == 0, capsys.readouterr().out[-3000:]
@@ -494,7 +492,7 @@ def _touched(output: str) -> dict[str, set[str]]:
     return touched
 
 
-def test_node_remove_and_add_a_control_plane_and_a_worker(day2, cluster, capsys):
+def test_node_remove_and_add_a_control_plane_and_a_worker(cluster, capsys):
     inventory = str(cluster["inventory"])
     cp3, w2 = f"{NAME}-cp3", f"{NAME}-w2"
     assert run(["node", "remove", inventory, cp3, "--yes-remove-it"]) == 0, capsys.readouterr().out[-4000:]
@@ -521,7 +519,7 @@ def test_node_remove_and_add_a_control_plane_and_a_worker(day2, cluster, capsys)
     _all_five_nodes_ready(cluster)
 
 
-def test_reset_then_up_with_power_lost_mid_join_on_a_control_plane_and_a_worker_converges(day2, cluster, capsys):
+def test_reset_then_up_with_power_lost_mid_join_on_a_control_plane_and_a_worker_converges(cluster, capsys):
     inventory = str(cluster["inventory"])
     assert run(["reset", inventory]) == 2  # not without the confirmation
     capsys.readouterr()

@@ -35,7 +35,7 @@ from gpuboot_lab import artifacts as lab_artifacts
 from gpuboot_lab.cluster import LabSpec
 from tests.integration.conftest import built_kubectl, kubernetes_lab, ssh
 from tests.support.faults import Firewall, PowerCut
-from tests.support.reuse import PRODUCT, reuse_or_run
+from tests.support.reuse import reuse_module
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -49,7 +49,14 @@ NODES = [*CONTROL_PLANES, f"{NAME}-w1"]
 
 
 @pytest.fixture(scope="module")
-def cluster(lab, tmp_path_factory):
+def reused(request):
+    """Skipped whole as REUSED, before its 4-node lab is made, while nothing it depends on
+    changed since it passed on this machine (tests/support/reuse.py)."""
+    yield from reuse_module(request)
+
+
+@pytest.fixture(scope="module")
+def cluster(reused, lab, tmp_path_factory):
     # `lab` first: the shared fixture decides skip-or-fail on machines without the lab.
     spec = LabSpec(name=NAME, control_planes=3, workers=1, gpu_workers=0, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)
@@ -58,14 +65,7 @@ def cluster(lab, tmp_path_factory):
 
 
 @pytest.fixture
-def faults(request):
-    """The cluster, in its own state directory, for a test that did not pass on this machine
-    with these inputs (tests/support/reuse.py): while every test here is reused, no lab is made."""
-    yield from reuse_or_run(request, (*PRODUCT, "tests/integration/test_lab_faults.py"))
-
-
-@pytest.fixture
-def kfault(faults, cluster, monkeypatch):
+def kfault(cluster, monkeypatch):
     monkeypatch.setenv("GPUBOOT_STATE_DIR", str(cluster["tmp"] / "state"))
     return cluster
 

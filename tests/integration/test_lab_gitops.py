@@ -34,7 +34,7 @@ from tests.doubles.gpu_operator.operator import DoubleGpuOperator, Hardware
 from tests.support import addon_doubles
 from tests.support.addon_lab import addon_lab, kubectl, said
 from tests.support.argocd_chart import add_to_bundle
-from tests.support.reuse import PRODUCT, reuse_or_run
+from tests.support.reuse import reuse_module
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -54,16 +54,15 @@ TENANTS = [
 ]
 
 
-@pytest.fixture
-def unchanged(request):
-    """Not run again while nothing it can depend on changed since it passed on this machine
-    (tests/support/reuse.py; GPUBOOT_TESTS_FRESH=1 runs it)."""
-    yield from reuse_or_run(request, (*PRODUCT, "tests/integration/test_lab_gitops.py", "tests/support/argocd_chart.py",
-                                      "tests/doubles/charts/argo-cd"))
+@pytest.fixture(scope="module")
+def reused(request):
+    """The whole module is skipped as REUSED while nothing it depends on changed since it passed
+    on this machine (tests/support/reuse.py; GPUBOOT_TESTS_FRESH=1 runs it)."""
+    yield from reuse_module(request)
 
 
 @pytest.fixture
-def gitops_cluster(lab, tmp_path, monkeypatch, capsys):
+def gitops_cluster(reused, lab, tmp_path, monkeypatch, capsys):
     spec = LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=1, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)
     with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:
@@ -125,7 +124,7 @@ def phase_changes(info) -> dict[str, int]:
     return {name: entry["changed"] for name, entry in record.items()}
 
 
-def test_up_hands_the_cluster_to_argo_cd_and_git_owns_the_tenants(unchanged, gitops_cluster, capsys):
+def test_up_hands_the_cluster_to_argo_cd_and_git_owns_the_tenants(gitops_cluster, capsys):
     info = gitops_cluster
     inventory, git = info["inventory"], info["git"]
     # Up to the gate, then the lab's router learns the pod routes, then the handoff.

@@ -23,7 +23,7 @@ from tests.doubles.gpu_operator.operator import FAULT_DIR, DoubleGpuOperator, Ha
 from tests.integration.conftest import ssh
 from tests.support.addon_doubles import add_to_bundle
 from tests.support.addon_lab import addon_lab, kubectl, said
-from tests.support.reuse import PRODUCT, reuse_or_run
+from tests.support.reuse import reuse_module
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -40,15 +40,15 @@ GPU_NODES = {
 }
 
 
-@pytest.fixture
-def unchanged(request):
-    """Not run again while nothing it can depend on changed since it passed on this machine
-    (tests/support/reuse.py; GPUBOOT_TESTS_FRESH=1 runs it)."""
-    yield from reuse_or_run(request, (*PRODUCT, "tests/integration/test_lab_gpu_stack.py"))
+@pytest.fixture(scope="module")
+def reused(request):
+    """The whole module is skipped as REUSED while nothing it depends on changed since it passed
+    on this machine (tests/support/reuse.py; GPUBOOT_TESTS_FRESH=1 runs it)."""
+    yield from reuse_module(request)
 
 
 @pytest.fixture
-def gpu_cluster(lab, tmp_path, monkeypatch, capsys):
+def gpu_cluster(reused, lab, tmp_path, monkeypatch, capsys):
     spec = LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=2, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)
     with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:
@@ -73,7 +73,7 @@ def changes(info) -> dict[str, int]:
     return {name: entry["changed"] for name, entry in record.items()}
 
 
-def test_gpu_operator_installs_from_the_mirror_and_the_nodes_advertise_what_the_inventory_asks(unchanged, gpu_cluster,
+def test_gpu_operator_installs_from_the_mirror_and_the_nodes_advertise_what_the_inventory_asks(gpu_cluster,
                                                                                               capsys):
     info = gpu_cluster
     # --skip-mirror-check: this lab's nodes install containerd from Debian and the lab cannot

@@ -27,7 +27,7 @@ from tests.doubles.hardware.sysfs import build_tree, hgx_server
 from tests.doubles.network_operator.operator import DoubleNetworkOperator
 from tests.support.addon_doubles import add_to_bundle
 from tests.support.addon_lab import addon_lab, kubectl, said
-from tests.support.reuse import PRODUCT, reuse_or_run
+from tests.support.reuse import reuse_module
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -49,14 +49,15 @@ HGX_VARS = {"preflight_sys_root": f"{DOUBLE_ROOT}/sys", "preflight_proc_root": f
             "preflight_address_interface": "bond0"}
 
 
-@pytest.fixture
-def unchanged(request):
-    """Not run again while nothing it can depend on changed since it passed on this machine."""
-    yield from reuse_or_run(request, (*PRODUCT, "tests/integration/test_lab_network_stack.py"))
+@pytest.fixture(scope="module")
+def reused(request):
+    """The whole module is skipped as REUSED while nothing it depends on changed since it passed
+    on this machine (tests/support/reuse.py; GPUBOOT_TESTS_FRESH=1 runs it)."""
+    yield from reuse_module(request)
 
 
 @pytest.fixture
-def net_cluster(lab, tmp_path, monkeypatch, capsys):
+def net_cluster(reused, lab, tmp_path, monkeypatch, capsys):
     spec = LabSpec(name=NAME, control_planes=1, workers=2, gpu_workers=0, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)
     with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:
@@ -93,7 +94,7 @@ def write_hgx(inventory, nics) -> None:
         {"gpuboot_node": {"os": "debian-12", "nics": nics}, **HGX_VARS}))
 
 
-def test_network_operator_from_the_mirror_and_the_hgx_node_advertises_what_the_inventory_asks(unchanged, net_cluster,
+def test_network_operator_from_the_mirror_and_the_hgx_node_advertises_what_the_inventory_asks(net_cluster,
                                                                                              capsys):
     info = net_cluster
     inventory = str(info["inventory"])

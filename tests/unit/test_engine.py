@@ -234,23 +234,26 @@ def test_the_gate_runs_on_every_run_and_does_not_make_preflight_run(cluster, tmp
     assert started.reason == "a gate: it checks the cluster on every run"
 
 
-def test_sigterm_stops_the_running_playbook_like_ctrl_c(cluster, tmp_path):
-    """A scheduler's SIGTERM (or `timeout`): the playbook is cancelled, the lock given back,
-    the run recorded as interrupted with the resume command."""
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_stops_the_running_playbook_like_ctrl_c(cluster, tmp_path, signum):
+    """A scheduler's SIGTERM (or `timeout`), or SIGHUP from a closed terminal or SSH session:
+    the playbook is cancelled, the lock given back, the run recorded as interrupted with the
+    resume command."""
     import os
     import signal
     import threading
 
-    from gpuboot.cli.main import sigterm_as_interrupt
+    from gpuboot.cli.main import stop_signals_as_interrupt
 
+    sent = getattr(signal, signum)
     runner = RunnerDouble({"preflight": ScriptedPhase({"cp01": "ok"}, wait_for_cancel=True)})
     state = ClusterState.for_cluster(tmp_path, cluster.settings.cluster_name)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
-    previous = signal.getsignal(signal.SIGTERM)
-    with sigterm_as_interrupt():
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), sent))
+    previous = signal.getsignal(sent)
+    with stop_signals_as_interrupt():
         timer.start()
         finished = Engine(cluster, state, RunOptions(), lambda e: None, runner=runner).run(PHASES)
-    assert signal.getsignal(signal.SIGTERM) is previous
+    assert signal.getsignal(sent) is previous
     assert finished.status == "interrupted" and "--from preflight" in finished.resume
     assert runner.hosts.lock is None
     assert state.load()["runs"][-1]["status"] == "interrupted"

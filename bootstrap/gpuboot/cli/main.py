@@ -55,7 +55,9 @@ def cli(ctx: click.Context, state_dir: str | None) -> None:
 
 @cli.command()
 @inventory_arg
-@click.option("--check-files", is_flag=True, help="Also check that referenced key, CA and credential files exist.")
+@click.option("--check-files/--skip-files", default=True, show_default=True,
+              help="Check that the key, CA and credential files the inventory names exist and that secrets "
+                   "are private; --skip-files validates away from the secrets (e.g. in a review pipeline).")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text")
 @pass_app
 def validate(app: App, inventory: str, check_files: bool, output: str) -> None:
@@ -278,29 +280,32 @@ def _add_plugin_commands() -> None:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler, `timeout`, systemd stopping a unit): handled as Ctrl-C is, so the
-    running ansible-playbook and its workers are stopped, the lock given back and the run
-    recorded as interrupted."""
+    """SIGTERM (a scheduler, `timeout`, systemd stopping a unit) or SIGHUP (the terminal or the
+    SSH session closed): handled as Ctrl-C is, so the running ansible-playbook and its workers
+    are stopped, the lock given back and the run recorded as interrupted."""
 
 
-TERMINATED = threading.Event()
+# Signals that end a run as an interrupt; the exit code is 128 + the signal, as a shell reports it.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+TERMINATED: list[int] = []  # the signal that ended this run, if one did
 
 
 @contextmanager
-def sigterm_as_interrupt():
+def stop_signals_as_interrupt():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def terminate(signum, frame):
-        TERMINATED.set()
+        TERMINATED.append(signum)
         raise Terminated()
 
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous = {signum: signal.signal(signum, terminate) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -313,17 +318,24 @@ def run(argv: list[str] | None = None) -> int:
     as_json = _wants_json(args)
 
     def report(exc: Exception, code: int, text: str) -> int:
-        if as_json:
-            click.echo(_error_json(exc, code))
-        else:
-            click.echo(text, err=True)
+        try:
+            if as_json:
+                click.echo(_error_json(exc, code))
+            else:
+                click.echo(text, err=True)
+        except OSError:
+            pass  # after SIGHUP the terminal may be gone; the run record has the outcome
         return code
 
+    TERMINATED.clear()
     try:
-        with sigterm_as_interrupt():
+        with stop_signals_as_interrupt():
             result = cli.main(args=args, prog_name="gpuboot", standalone_mode=False)
         return result if isinstance(result, int) else 0
     except click.exceptions.Abort as exc:
+        # click turns a KeyboardInterrupt (and so a Terminated) raised in a command into Abort.
+        if TERMINATED:
+            return report(exc, 128 + TERMINATED[0], f"terminated ({signal.Signals(TERMINATED[0]).name})")
         return report(exc, 130, "aborted")
     except click.ClickException as exc:
         if as_json:
@@ -331,11 +343,12 @@ def run(argv: list[str] | None = None) -> int:
         exc.show()
         return exc.exit_code
     except GpubootError as exc:
-        # A SIGTERM that ended a run arrives as the run's Interrupted: 143, as a shell reports it.
-        code = 143 if isinstance(exc, Interrupted) and TERMINATED.is_set() else exc.exit_code
+        # A signal that ended a run arrives as the run's Interrupted: 128 + its number (143 for
+        # SIGTERM, 129 for SIGHUP), as a shell reports it.
+        code = 128 + TERMINATED[0] if isinstance(exc, Interrupted) and TERMINATED else exc.exit_code
         return report(exc, code, f"error: {exc}")
     except Terminated as exc:
-        return report(exc, 143, "terminated")
+        return report(exc, 128 + TERMINATED[0], f"terminated ({signal.Signals(TERMINATED[0]).name})")
     except KeyboardInterrupt as exc:
         return report(exc, 130, "interrupted")
 
