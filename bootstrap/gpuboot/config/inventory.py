@@ -24,6 +24,13 @@ from gpuboot.errors import Problem
 # is left out because it parses every YAML inventory a second time.
 ENABLED_PLUGINS = ("yaml", "ini", "toml")
 INVENTORY_ONLY = ("all_inventory", "groups_inventory", "all_plugins_inventory", "groups_plugins_inventory")
+# gpuboot's dict variables. Ansible replaces a dict variable whole (hash_behaviour=replace), so
+# where one is split over several vars files of one group or host, or (gpuboot_node) over a
+# host's groups and its own vars, the later definition would silently drop the earlier one's
+# keys: that is refused, naming both places. (gpuboot itself is refused on any group but all,
+# and in two places of all, by the loader.)
+SPLIT_CHECKED = ("gpuboot", "gpuboot_node")
+HOST_SPLIT_CHECKED = ("gpuboot_node",)
 
 
 @cache
@@ -241,6 +248,44 @@ def _vars_files(path: Path) -> list[Path]:
     return found
 
 
+def _split_over_files(path: Path) -> list[Problem]:
+    """One of gpuboot's dict variables in two files of one group or host (group_vars/all.yml and
+    group_vars/all/*.yml, or two files in group_vars/all/): Ansible loads them in name order
+    and the later replaces the earlier whole."""
+    owners: dict[tuple[str, str], list[Path]] = {}
+    for vf in _vars_files(path):
+        relative = vf.relative_to(path.parent).parts
+        owners.setdefault((relative[0], Path(relative[1]).stem if len(relative) == 2 else relative[1]), []).append(vf)
+    problems = []
+    for files in owners.values():
+        loaded = []
+        # Ansible's order: the group's own file, then its folder's files by name; the last wins.
+        for vf in sorted(files, key=lambda f: (len(f.relative_to(path.parent).parts) > 2, str(f))):
+            try:
+                data = yaml.safe_load(vf.read_text())
+            except yaml.YAMLError:
+                continue  # reported by the lint
+            if isinstance(data, dict):
+                loaded.append((vf, data))
+        for var in SPLIT_CHECKED:
+            defining = [(vf, data[var]) for vf, data in loaded if var in data]
+            for (earlier, value), (later, final) in zip(defining, defining[1:]):
+                if lost := _lost_keys(value, final):
+                    problems.append(Problem(
+                        str(earlier.absolute()), _top_line(earlier, var), var,
+                        f"{var} is split over {earlier.relative_to(path.parent)} and {later.relative_to(path.parent)}: Ansible loads "
+                        f"them in turn and replaces the whole dict, so {', '.join(lost)} set here would be dropped",
+                        f"keep {var} in one file"))
+    return problems
+
+
+def _top_line(file: Path, var: str) -> int | None:
+    for number, line in enumerate(file.read_text().splitlines(), 1):
+        if line.startswith(f"{var}:"):
+            return number
+    return None
+
+
 def _vars_file_problems(path: Path, keep: dict[str, Any] | None = None) -> tuple[list[Problem], list[str]]:
     """Duplicate keys and syntax errors in group_vars/ and host_vars/ YAML (Ansible only warns)."""
     problems: list[Problem] = []
@@ -293,7 +338,7 @@ def read_inventory(path: Path, *, located: bool = True) -> AnsibleInventory:
         if any(p.message.startswith("YAML syntax error") for p in inv.problems):
             return inv
     vars_problems, vars_files = _vars_file_problems(path, nodes)
-    inv.problems += vars_problems
+    inv.problems += vars_problems + _split_over_files(path)
     inv.files += vars_files
     a = _ansible()
     loader = _fast_loader(nodes)
@@ -346,6 +391,7 @@ def _resolve_variables(inv: AnsibleInventory, data, loader, a: SimpleNamespace) 
 
     precedence = [e for e in a.constants.VARIABLE_PRECEDENCE if e in INVENTORY_ONLY]
     lines = _host_lines(inv.path, set(data.hosts), a)
+    dropped: list[tuple[str, Where, Where, tuple[str, ...]]] = []
     for name, host in data.hosts.items():
         member_of = a.sort_groups([g for g in host.get_groups() if g.name != "all"])
         layers = {"all_inventory": [group_own["all"]], "all_plugins_inventory": [group_plugin["all"]],
@@ -354,9 +400,61 @@ def _resolve_variables(inv: AnsibleInventory, data, loader, a: SimpleNamespace) 
         own = {k: v for k, v in host.get_vars().items() if k not in ("inventory_file", "inventory_dir")}
         own_plugin = plugin_vars(host)
         merged: dict[str, Any] = {}
-        for part in [*(p for entry in precedence for p in layers[entry]), own, own_plugin]:
+        parts = [*(p for entry in precedence for p in layers[entry]), own, own_plugin]
+        for part in parts:
             merged = a.combine_vars(merged, part)
+        dropped.extend(_dropped_settings(name, parts, merged, file))
         for layer in (own, own_plugin):
             inv.scoped_definitions += [(str(var), name, _defined(layer, var, file, lines.get(name))) for var in layer]
         inv.hosts[name] = InventoryHost(name=name, groups=tuple(g.name for g in member_of) + ("all",),
                                         vars=merged, file=file, line=lines.get(name))
+    inv.problems += _split_problems(dropped)
+
+
+def _lost_keys(earlier: Any, final: Any, path: tuple = ()) -> list[str]:
+    """The dotted keys of `earlier` that `final` no longer has (dicts compared all the way down)."""
+    if not isinstance(earlier, dict) or not isinstance(final, dict):
+        return []
+    lost = []
+    for key, value in earlier.items():
+        if key not in final:
+            lost.append(".".join(str(p) for p in (*path, key)))
+        else:
+            lost += _lost_keys(value, final[key], (*path, key))
+    return lost
+
+
+def _dropped_settings(host: str, parts: list[dict], merged: dict, file: str) -> list[tuple[str, Where, Where, tuple[str, ...]]]:
+    """(host, the earlier definition, the one that replaced it, the keys lost) for each of
+    gpuboot's dict variables that more than one of the host's layers defines."""
+    found = []
+    for var in HOST_SPLIT_CHECKED:
+        defining = [part for part in parts if var in part]
+        if len(defining) < 2:
+            continue
+        winner = _defined(defining[-1], var, file)
+        for part in defining[:-1]:
+            if part[var] is merged[var]:
+                continue
+            lost = _lost_keys(part[var], merged[var])
+            if lost:
+                found.append((host, _defined(part, var, file), winner, tuple(lost)))
+    return found
+
+
+def _split_problems(dropped: list[tuple[str, Where, Where, tuple[str, ...]]]) -> list[Problem]:
+    """One problem per pair of places, naming the hosts it touches."""
+    by_place: dict[tuple, list[str]] = {}
+    for host, earlier, winner, lost in dropped:
+        key = (earlier.file, earlier.line, winner.file, winner.line, str(earlier.name), lost)
+        by_place.setdefault(key, []).append(host)
+    problems = []
+    for (file, line, winner_file, winner_line, var, lost), hosts in sorted(by_place.items(), key=str):
+        named = ", ".join(hosts[:4]) + (f" and {len(hosts) - 4} more" if len(hosts) > 4 else "")
+        there = f"{winner_file}:{winner_line}" if winner_line else winner_file
+        problems.append(Problem(
+            file, line, var,
+            f"{var} is split: for {named} it is set here and again in {there}, and Ansible replaces the whole "
+            f"dict, so {', '.join(lost)} set here would be dropped",
+            f"set {var} for these hosts in one place, or repeat {', '.join(lost)} in {there}"))
+    return problems
