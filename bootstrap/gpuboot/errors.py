@@ -18,6 +18,18 @@ class GpubootError(Exception):
         return self.message if not self.hint else f"{self.message}\n  fix: {self.hint}"
 
 
+def dotted(*parts) -> str:
+    """A setting's path as every message writes it: keys joined by dots, list positions in
+    brackets (gpuboot.tenants[1].quota.gpu); empty parts left out."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int) and not isinstance(part, bool):
+            out += f"[{part}]"
+        elif part != "" and part is not None:
+            out += f".{part}" if out else str(part)
+    return out
+
+
 @dataclass(frozen=True)
 class Problem:
     """One located problem in an input file."""

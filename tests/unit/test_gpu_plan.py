@@ -103,11 +103,11 @@ def test_mixed_driver_kinds_label_each_node_with_its_kind(tmp_path):
 @pytest.mark.parametrize("gpu, message, path", [
     ("{model: L40S-48GB, mig: {layout: all-balanced}}", "L40S-48GB has no MIG", "gpu.mig"),
     ("{model: A30-24GB, mig: {devices: [{gpus: all, instances: {2g.12gb: 2, 1g.6gb: 1}}]}}",
-     "needs 5 compute and 5 memory slices; one GPU has 4 and 4", "gpu.mig.devices.0.instances"),
+     "needs 5 compute and 5 memory slices; one GPU has 4 and 4", "gpu.mig.devices[0].instances"),
     ("{model: H100-SXM5-80GB, count: 2, mig: {devices: [{gpus: [0], instances: {1g.10gb: 7}}]}}",
      "GPU 1 of 2 is in no entry", "gpu.mig.devices"),
     ("{model: H100-SXM5-80GB, mig: {devices: [{gpus: [0, 1]}, {gpus: [1], instances: {7g.80gb: 1}}]}}",
-     "GPU 1 is also in entry 0", "gpu.mig.devices.1.gpus"),
+     "GPU 1 is also in entry 0", "gpu.mig.devices[1].gpus"),
     ("{model: H100-SXM5-80GB, mig: {layout: research}}", "MIG layout research does not exist", "gpu.mig.layout"),
 ])
 def test_impossible_gpu_settings_on_a_group_are_located(tmp_path, gpu, message, path):

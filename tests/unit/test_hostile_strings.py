@@ -26,13 +26,13 @@ CASES = [
     (("ssh", "private_key_file"), "keys/id\nProxyCommand sh", "gpuboot.ssh.private_key_file"),
     (("mirror", "packages_url"), "https://m.example/p' ; curl evil", "gpuboot.mirror.packages_url"),
     (("tools", "helm"), "helm; id", "gpuboot.tools.helm"),
-    (("node_os", "kernels"), ["5.15.0-1048 $(id)"], "gpuboot.node_os.kernels.0"),
+    (("node_os", "kernels"), ["5.15.0-1048 $(id)"], "gpuboot.node_os.kernels[0]"),
     (("gitops", "repo_url"), "https://git.example/x --upload-pack=touch", "gpuboot.gitops.repo_url"),
     (("gitops", "branch"), "main\n--force", "gpuboot.gitops.branch"),
     (("gitops", "path"), "../../etc", "gpuboot.gitops.path"),
-    (("tenants", 0, "groups"), ['team"}], "kind": "ClusterRoleBinding'], "gpuboot.tenants.0.groups.0"),
+    (("tenants", 0, "groups"), ['team"}], "kind": "ClusterRoleBinding'], "gpuboot.tenants[0].groups[0]"),
     (("release",), "k8s-1.34\nextra: 1", "gpuboot.release"),
-    (("ignored_hosts",), ["storage; id"], "gpuboot.ignored_hosts.0"),
+    (("ignored_hosts",), ["storage; id"], "gpuboot.ignored_hosts[0]"),
 ]
 
 

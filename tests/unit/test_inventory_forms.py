@@ -79,7 +79,7 @@ def test_a_wrong_value_set_on_a_group_is_found_where_it_is_written(tmp_path):
     where = {(p.path, Path(p.file).name, p.line) for p in problems}
     # Reported once per host that inherits it, at the line in group_vars/gpu_workers.yml.
     assert ("gpu01.gpuboot_node.gpu.driver", "gpu_workers.yml", 4) in where
-    assert ("gpu16.gpuboot_node.nics.0.num_vfs", "gpu_workers.yml", 6) in where
+    assert ("gpu16.gpuboot_node.nics[0].num_vfs", "gpu_workers.yml", 6) in where
 
 
 def test_a_host_outside_every_gpuboot_group_is_refused_unless_ignored(tmp_path):

@@ -86,23 +86,23 @@ VF = "- {name: fabric, pf_names: [ens1f0np0], num_vfs: 4, resource_name: nvidia.
     # A policy lists every name its group's nodes use: on rack_b, rack_a's fabric port name is management.
     ("- {name: fabric, pf_names: [ens2f0np0], num_vfs: 4, resource_name: nvidia.com/fabric}\n"
      "- {name: mgmt, pf_names: [ens1f0np0], purpose: management}\n",
-     "node-b1.gpuboot_node.nics.1.pf_names", "is its management NIC mgmt, but the SR-IOV policy of NIC group fabric"),
+     "node-b1.gpuboot_node.nics[1].pf_names", "is its management NIC mgmt, but the SR-IOV policy of NIC group fabric"),
     ("- {name: fabric, pf_names: [ens1f0np0], num_vfs: 8, resource_name: nvidia.com/fabric}\n",
-     "node-b1.gpuboot_node.nics.0.num_vfs", "has num_vfs 4 on node-a1 and 8 here"),
+     "node-b1.gpuboot_node.nics[0].num_vfs", "has num_vfs 4 on node-a1 and 8 here"),
     ("- {name: fabric, pci_addresses: ['0000:18:00.0'], num_vfs: 4, resource_name: nvidia.com/fabric}\n",
-     "node-b1.gpuboot_node.nics.0", "selects ports by pf_names on node-a1 and by pci_addresses here"),
+     "node-b1.gpuboot_node.nics[0]", "selects ports by pf_names on node-a1 and by pci_addresses here"),
     ("- {name: other, pf_names: [ens3f0np0], num_vfs: 4, resource_name: nvidia.com/fabric}\n",
-     "node-b1.gpuboot_node.nics.0.resource_name", "resource nvidia.com/fabric is also NIC group fabric's"),
+     "node-b1.gpuboot_node.nics[0].resource_name", "resource nvidia.com/fabric is also NIC group fabric's"),
     ("- {name: other, pf_names: [ens3f0np0], num_vfs: 4, resource_name: example.com/other}\n",
-     "node-b1.gpuboot_node.nics.0.resource_name", "the SR-IOV operator has one resource prefix"),
+     "node-b1.gpuboot_node.nics[0].resource_name", "the SR-IOV operator has one resource prefix"),
     ("- {name: other, device_ids: ['15b3:1021'], mode: both, num_vfs: 4, resource_name: nvidia.com/o}\n",
-     "node-b1.gpuboot_node.nics.0", "set shared_resource_name"),
+     "node-b1.gpuboot_node.nics[0]", "set shared_resource_name"),
     ("- {name: other, pf_names: [ens3f0np0], num_vfs: 4, rdma: true, device_type: vfio-pci, "
-     "resource_name: nvidia.com/o}\n", "node-b1.gpuboot_node.nics.0", "cannot be RDMA netdevices"),
+     "resource_name: nvidia.com/o}\n", "node-b1.gpuboot_node.nics[0]", "cannot be RDMA netdevices"),
     ("- {name: other, pf_names: [ens3f0np0], device_ids: ['15b3:1021'], resource_name: nvidia.com/o}\n",
-     "node-b1.gpuboot_node.nics.0", "pf_names and device_ids are both set"),
+     "node-b1.gpuboot_node.nics[0]", "pf_names and device_ids are both set"),
     ("- {name: other, pf_names: [ens3f0np0], resource_name: shared_o}\n",
-     "node-b1.gpuboot_node.nics.0", "resource shared_o has no prefix"),
+     "node-b1.gpuboot_node.nics[0]", "resource shared_o has no prefix"),
 ])
 def test_nic_misfits_are_located_on_the_node_and_nic(tmp_path, nics_b, path, message):
     found = problems(fleet(tmp_path, VF, nics_b))

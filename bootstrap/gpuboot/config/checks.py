@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuboot.config.inventory import AnsibleInventory, Where
 from gpuboot.config.model import DNS_LABEL, HOST_NAME, SECRET_KEY, GpubootSettings, Node
-from gpuboot.errors import MatrixError, Problem
+from gpuboot.errors import MatrixError, Problem, dotted
 
 SSH_PASSWORD_VARS = {"ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
                      "ansible_become_password", "ansible_become_pass", "ansible_sudo_pass"}
@@ -30,8 +30,7 @@ def inline_secrets(data: Any, where: Where, prefix: str, path: tuple = ()) -> li
         for key, value in data.items():
             here = (*path, key)
             if SECRET_KEY.search(str(key)) and not str(key).endswith("_file"):
-                dotted = ".".join(str(p) for p in (prefix, *here))
-                found.append(Problem(where.file, where.child(*here).line, dotted,
+                found.append(Problem(where.file, where.child(*here).line, dotted(prefix, *here),
                                      "a secret is written inline",
                                      f"put it in a file only you can read and reference it as {key}_file"))
                 continue
@@ -40,8 +39,7 @@ def inline_secrets(data: Any, where: Where, prefix: str, path: tuple = ()) -> li
         for index, item in enumerate(data):
             found += inline_secrets(item, where, prefix, (*path, index))
     elif type(data).__name__ == "EncryptedString" or (isinstance(data, str) and any(m in data for m in SECRET_MARKERS)):
-        dotted = ".".join(str(p) for p in (prefix, *path))
-        found.append(Problem(where.file, where.child(*path).line, dotted,
+        found.append(Problem(where.file, where.child(*path).line, dotted(prefix, *path),
                              "key material or a vaulted secret is written inline",
                              "put it in a file only you can read and reference it with a *_file key"))
     return found
@@ -49,7 +47,7 @@ def inline_secrets(data: Any, where: Where, prefix: str, path: tuple = ()) -> li
 
 def groups_and_nodes(inv: AnsibleInventory, nodes: list[Node], settings: GpubootSettings | None) -> list[Problem]:
     problems: list[Problem] = []
-    file = str(inv.path)
+    file = str(inv.path.absolute())
     cps = [n for n in nodes if "control_plane" in n.groups]
     ignored: set[str] = set()
     for pattern in settings.ignored_hosts if settings else []:
@@ -65,13 +63,16 @@ def groups_and_nodes(inv: AnsibleInventory, nodes: list[Node], settings: Gpuboot
     if "gpu_workers" in inv.group_children and "workers" not in inv.ancestors("gpu_workers"):
         problems.append(Problem(file, None, "gpu_workers", "gpu_workers must be a child group of workers",
                                 "move gpu_workers under workers.children"))
+    # Located at the group, where the count is decided (else at its first host).
+    group_line = inv.group_line("control_plane")
     if not cps:
-        problems.append(Problem(file, None, "control_plane", "no control-plane hosts",
-                                "add 1, 3 or 5 hosts to the control_plane group"))
+        problems.append(Problem(file, group_line, "control_plane", "no control-plane hosts: etcd needs an odd number "
+                                "(1, 3 or 5) for quorum", "add 1, 3 or 5 hosts to the control_plane group"))
     elif len(cps) % 2 == 0:
         first = cps[0]
-        problems.append(Problem(first.file, first.line, "control_plane",
-                                f"{len(cps)} control-plane hosts: etcd needs an odd number for quorum",
+        problems.append(Problem(file if group_line else first.file, group_line or first.line, "control_plane",
+                                f"{len(cps)} control-plane hosts ({', '.join(n.name for n in cps)}): etcd needs an "
+                                "odd number for quorum",
                                 f"use {len(cps) - 1} or {len(cps) + 1} control-plane hosts"))
     by_lower: dict[str, list[Node]] = defaultdict(list)
     for node in nodes:
@@ -186,11 +187,14 @@ def addresses(settings: GpubootSettings, nodes: list[Node], where: Where) -> lis
                 problems.append(Problem(node.file, node.line, f"{node.name}.ansible_host",
                                         f"node address {addr} is inside the {field} {cidr}",
                                         f"choose a {field} that does not contain the node network"))
+    vip_where = where.child("control_plane", "vip")
+    vip_at = f"{vip_where.file}:{vip_where.line}" if vip_where.line else vip_where.file
     for node in nodes:
         if _ip(node.address) == vip:
-            problems.append(Problem(node.file, node.line, f"{node.name}.ansible_host",
-                                    f"node address {vip} is the control-plane VIP",
-                                    "the VIP must be a free address, not a node's"))
+            problems.append(Problem(vip_where.file, vip_where.line, "gpuboot.control_plane.vip",
+                                    f"the VIP {vip} is {node.name}'s address (ansible_host at {node.file}:{node.line})",
+                                    "the VIP must be a free address on the control planes' network: change the vip "
+                                    f"here, or {node.name}'s ansible_host"))
     return problems
 
 
@@ -226,7 +230,7 @@ def references(settings: GpubootSettings, nodes: list[Node], where: Where, inven
         if value:
             found = _file_problem(value, inventory.parent, secret=path in SECRET_FILES)
             if found:
-                problems.append(Problem(where.file, where.child(*path).line, "gpuboot." + ".".join(path), *found))
+                problems.append(Problem(where.file, where.child(*path).line, dotted("gpuboot", *path), *found))
     return problems
 
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from gpuboot.config.inventory import Where
 from gpuboot.config.model import FORMS
-from gpuboot.errors import Problem
+from gpuboot.errors import Problem, dotted
 
 FIXES = {
     "ip_v4_address": "write four numbers from 0 to 255, e.g. 10.0.0.100",
@@ -92,6 +92,5 @@ def problems_from(exc: ValidationError, model: type[BaseModel], where: Where, pr
         loc = tuple(err["loc"])
         parent = loc[:-1] if err["type"] == "extra_forbidden" else loc
         message, fix = _message(err, _fields_of(model, parent))
-        dotted = ".".join(str(p) for p in (prefix, *loc) if p != "")
-        problems.append(Problem(where.file, where.child(*loc).line, dotted, message, fix))
+        problems.append(Problem(where.file, where.child(*loc).line, dotted(prefix, *loc), message, fix))
     return problems

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from gpuboot.config import yamlloc
-from gpuboot.errors import Problem
+from gpuboot.errors import Problem, dotted
 
 # The inventory plugins an operator's file can be written for; `auto` (plugin configs)
 # is left out because it parses every YAML inventory a second time.
@@ -137,6 +137,19 @@ class AnsibleInventory:
                     found.add(parent)
                     stack.append(parent)
         return found
+
+    def group_line(self, group: str) -> int | None:
+        """Where the group is written in the inventory file: `[group]` or `[group:children]`
+        in INI, its `group:` key in YAML."""
+        try:
+            text = self.path.read_text(errors="replace")
+        except OSError:
+            return None
+        if self.path.suffix in (".yml", ".yaml"):
+            pattern = re.compile(rf"^\s*['\"]?{re.escape(group)}['\"]?\s*:\s*(#.*)?$")
+        else:
+            pattern = re.compile(rf"^\[{re.escape(group)}(:children|:vars)?\]")
+        return next((n for n, line in enumerate(text.splitlines(), 1) if pattern.match(line)), None)
 
     def hosts_matching(self, pattern: str) -> list[str]:
         """Ansible's own host patterns (groups, `a:b`, `a:&b`, `a:!b`, `g[0]`, `g[1:]`)."""
@@ -269,7 +282,8 @@ def _split_over_files(path: Path) -> list[Problem]:
                 loaded.append((vf, data))
         for var in SPLIT_CHECKED:
             defining = [(vf, data[var]) for vf, data in loaded if var in data]
-            for (earlier, value), (later, final) in zip(defining, defining[1:]):
+            later, final = defining[-1] if defining else (None, None)
+            for earlier, value in defining[:-1]:  # the last file's dict is the one Ansible keeps
                 if lost := _lost_keys(value, final):
                     problems.append(Problem(
                         str(earlier.absolute()), _top_line(earlier, var), var,
@@ -304,16 +318,20 @@ def _orphan_vars_files(path: Path, groups: set[str], hosts: set[str]) -> list[Pr
         base = path.parent / kind
         if not base.is_dir():
             continue
-        for entry in sorted(base.iterdir()):
+        entries = [e for e in sorted(base.iterdir()) if not e.name.startswith(".")
+                   and not (e.is_file() and e.suffix not in (".yml", ".yaml", ".json", ""))]
+        stems = {e.name if e.is_dir() else e.stem for e in entries}
+        for entry in entries:
             stem = entry.name if entry.is_dir() else entry.stem
-            if entry.name.startswith(".") or (entry.is_file() and entry.suffix not in (".yml", ".yaml", ".json", "")):
-                continue
             if stem not in known:
-                close = difflib.get_close_matches(stem, sorted(known), n=1)
+                # A rename only helps towards a name that has no vars file of its own yet.
+                close = difflib.get_close_matches(stem, sorted(known - stems), n=1)
                 what = "group" if kind == "group_vars" else "host"
+                fix = (f"rename it to {close[0]!r}" if close else
+                       f"delete it if the {what} is gone, or add '{stem}' to the inventory")
                 problems.append(Problem(str(entry), None, "",
                                         f"{kind} file for '{stem}', which the inventory does not define; Ansible ignores it",
-                                        f"rename it to {close[0]!r}" if close else f"rename it to an existing {what}"))
+                                        fix))
     return problems
 
 
@@ -418,7 +436,7 @@ def _lost_keys(earlier: Any, final: Any, path: tuple = ()) -> list[str]:
     lost = []
     for key, value in earlier.items():
         if key not in final:
-            lost.append(".".join(str(p) for p in (*path, key)))
+            lost.append(dotted(*path, key))
         else:
             lost += _lost_keys(value, final[key], (*path, key))
     return lost

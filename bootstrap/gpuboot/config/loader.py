@@ -13,7 +13,7 @@ from gpuboot.config import checks
 from gpuboot.config.errors_map import problems_from
 from gpuboot.config.inventory import AnsibleInventory, Where, read_inventory
 from gpuboot.config.model import Cluster, GpubootSettings, Node, NodeSettings
-from gpuboot.errors import InventoryError, MatrixError, Problem
+from gpuboot.errors import InventoryError, MatrixError, Problem, dotted
 
 SETTINGS_VAR = "gpuboot"
 NODE_VAR = "gpuboot_node"
@@ -85,7 +85,7 @@ def _misfits(inv: AnsibleInventory, misfits: list[gpu_plan.Misfit]) -> list[Prob
     problems = []
     for misfit in misfits:
         where = inv.hosts[misfit.node].where(NODE_VAR).child(*misfit.path)
-        path = ".".join(str(p) for p in (misfit.node, NODE_VAR, *misfit.path))
+        path = dotted(misfit.node, NODE_VAR, *misfit.path)
         problems.append(Problem(where.file, where.line, path, misfit.message, misfit.fix))
     return problems
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuboot.errors import Problem
+from gpuboot.errors import Problem, dotted
 
 GROUP_KEYS = ("hosts", "vars", "children")
 
@@ -79,7 +79,7 @@ def _duplicates(node: yaml.Node, path: tuple, file: str, out: list[Problem]) -> 
             key = key_node.value
             here = (*path, key)
             if key in seen:
-                out.append(Problem(file, _line(key_node), ".".join(map(str, here)),
+                out.append(Problem(file, _line(key_node), dotted(*here),
                                    f"duplicate key (first defined on line {seen[key]}); YAML keeps only the last one",
                                    "remove or rename one of them"))
             seen[key] = _line(key_node)
@@ -98,16 +98,16 @@ def lint(path: Path, keep: dict[str, yaml.Node] | None = None) -> list[Problem]:
 
 
 def _group(node: yaml.Node, path: tuple, file: str, out: list[Problem], depth: int = 0) -> None:
-    dotted = ".".join(map(str, path))
+    place = dotted(*path)
     if isinstance(node, yaml.ScalarNode) and node.value in ("", "~", "null"):
         return
     if not isinstance(node, yaml.MappingNode):
-        out.append(Problem(file, _line(node), dotted, "a group must be a mapping with hosts, vars or children",
+        out.append(Problem(file, _line(node), place, "a group must be a mapping with hosts, vars or children",
                            "indent its hosts under `hosts:`"))
         return
     for key_node, value_node in node.value:
         key = key_node.value
-        here = f"{dotted}.{key}"
+        here = dotted(place, key)
         empty = isinstance(value_node, yaml.ScalarNode) and value_node.value in ("", "~", "null")
         if key not in GROUP_KEYS:
             out.append(Problem(file, _line(key_node), here, f"unknown group key '{key}'",
