@@ -188,7 +188,6 @@ def addresses(settings: GpubootSettings, nodes: list[Node], where: Where) -> lis
                                         f"node address {addr} is inside the {field} {cidr}",
                                         f"choose a {field} that does not contain the node network"))
     vip_where = where.child("control_plane", "vip")
-    vip_at = f"{vip_where.file}:{vip_where.line}" if vip_where.line else vip_where.file
     for node in nodes:
         if _ip(node.address) == vip:
             problems.append(Problem(vip_where.file, vip_where.line, "gpuboot.control_plane.vip",
