@@ -374,7 +374,7 @@ class GpuSettings(Strict):
         if isinstance(data, dict) and ({"mig_strategy", "mig_profile"} & set(data)):
             raise ValueError("mig_strategy and mig_profile were replaced; write the node's layout as "
                              "gpu.mig.layout (e.g. all-1g.10gb) or gpu.mig.devices, and the strategy once for the "
-                             "cluster as gpuboot.gpu_operator.mig_strategy")
+                             "cluster as gpuboot.gpu_operator.mig_strategy (docs/gpu-stack.md, MIG)")
         return data
 
 
