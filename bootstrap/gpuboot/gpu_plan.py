@@ -61,6 +61,18 @@ class NodeGpu:
             labels[DRIVER_KIND_LABEL] = self.driver
         return labels
 
+    def operand_apps(self) -> list[str]:
+        """The GPU Operator's operand pods (their `app` label, as the operator names its
+        DaemonSets) that must run Ready on this node: the driver unless it is preinstalled, the
+        MIG manager where gpuboot asks for a MIG configuration."""
+        apps = ["nvidia-container-toolkit-daemonset", "nvidia-device-plugin-daemonset", "gpu-feature-discovery",
+                "nvidia-dcgm-exporter", "nvidia-operator-validator"]
+        if self.driver != "preinstalled":
+            apps.insert(0, "nvidia-driver-daemonset")
+        if self.mig_config:
+            apps.append("nvidia-mig-manager")
+        return apps
+
     def gfd_labels(self) -> dict[str, str]:
         """What GPU Feature Discovery must label the node with, as far as the inventory says: the
         family of a declared model; for whole GPUs (MIG changes what GFD names and counts) the
@@ -168,7 +180,7 @@ class GpuPlan:
             "device_plugin": self.device_plugin_configs(),
             "nodes": {name: {"model": n.model.name if n.model else None, "driver": n.driver, "os_tag": n.os_tag,
                              "kernels": list(n.kernels), "labels": n.labels(self.mixed_drivers),
-                             "gfd_labels": n.gfd_labels(),
+                             "gfd_labels": n.gfd_labels(), "operands": n.operand_apps(),
                              "resources": n.resources(self.strategy)}
                       for name, n in self.nodes.items()},
         }

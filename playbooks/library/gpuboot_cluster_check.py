@@ -47,7 +47,7 @@ import time
 import uuid
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuboot_kube import Kube, pod_problem, pod_ready
+from ansible.module_utils.gpuboot_kube import Kube, KubeError, pod_problem, pod_ready
 
 RUN_LABEL = "gpuboot.io/validate"
 
@@ -110,33 +110,44 @@ def check_gfd_labels(nodes, gpu_nodes):
 
 
 def check_operator(kube, namespace, gpu_nodes):
+    """The ClusterPolicy, every operand pod that is not Ready, and every GPU node that lacks a
+    pod of an operand it must run (the driver, the toolkit, ...: gpu_nodes[node]["operands"])."""
     rows = []
-    policy = kube.get("clusterpolicies.nvidia.com", "cluster-policy")
+    policy = kube.read("clusterpolicies.nvidia.com", "cluster-policy")
     state = (policy or {}).get("status", {}).get("state") if policy else None
     rows.append(row("-", "ClusterPolicy", "ready", state or "missing", state == "ready",
                     "" if state == "ready" else "the GPU Operator has not made every operand ready"))
-    pods = (kube.get("pods", "-n", namespace) or {"items": []})["items"]
+    pods = (kube.read("pods", "-n", namespace) or {"items": []})["items"]
+    present = {}
     for pod in pods:
         node = pod["spec"].get("nodeName", "(not scheduled)")
+        app = pod["metadata"].get("labels", {}).get("app", pod["metadata"]["name"])
+        present.setdefault(node, []).append(app)
         if gpu_nodes and node not in gpu_nodes and node != "(not scheduled)":
             continue
         ready = pod["status"].get("phase") == "Succeeded" or pod_ready(pod)
         if not ready:
-            app = pod["metadata"].get("labels", {}).get("app", pod["metadata"]["name"])
             rows.append(row(node, f"operand {app}", "Ready", pod["status"].get("phase", "?"), False,
                             f"{pod['metadata']['name']}: {pod_problem(pod)}"))
+    for node, want in sorted(gpu_nodes.items()):
+        for operand in want.get("operands") or []:
+            # A driver DaemonSet per kernel and OS is named (and labelled) with a suffix.
+            if not any(app == operand or app.startswith(operand + "-") for app in present.get(node, [])):
+                rows.append(row(node, f"operand {operand}", "a Ready pod", "no pod", False,
+                                f"the GPU Operator runs no {operand} pod on the node; check its labels "
+                                f"(kubectl get node {node} --show-labels) and the DaemonSet's node selector"))
     return rows
 
 
 def check_fabric(kube, nodes, fabric_nodes, namespace, sriov):
     rows = []
-    policy = kube.get("nicclusterpolicies.mellanox.com", "nic-cluster-policy")
+    policy = kube.read("nicclusterpolicies.mellanox.com", "nic-cluster-policy")
     state = (policy or {}).get("status", {}).get("state") if policy else None
     rows.append(row("-", "NicClusterPolicy", "ready", state or "missing", state == "ready",
                     "" if state == "ready" else "the Network Operator has not made every component ready"))
     states = {}
     if sriov:
-        found = kube.get("sriovnetworknodestates.sriovnetwork.openshift.io", "-n", namespace) or {"items": []}
+        found = kube.read("sriovnetworknodestates.sriovnetwork.openshift.io", "-n", namespace) or {"items": []}
         states = {s["metadata"]["name"]: s.get("status", {}) for s in found["items"]}
     for name, wanted in sorted(fabric_nodes.items()):
         node = nodes.get(name)
@@ -186,7 +197,7 @@ def check_attach(kube, namespace, networks, image, timeout):
 
 
 def check_calico(kube):
-    found = (kube.get("tigerastatuses.operator.tigera.io") or {"items": []})["items"]
+    found = (kube.read("tigerastatuses.operator.tigera.io") or {"items": []})["items"]
     if not found:
         return [row("-", "Calico", "every TigeraStatus Available", "none reported", False,
                     "the tigera-operator reports no component")]
@@ -311,9 +322,10 @@ def main():
         kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": p["namespace"], "labels": {
             "pod-security.kubernetes.io/enforce": "baseline"}}})
         changed = True
-    nodes = {n["metadata"]["name"]: n for n in (kube.get("nodes") or {"items": []})["items"]}
     rows = []
     try:
+        # A kubectl that cannot answer fails the check; it is never read as "no nodes, no pods".
+        nodes = {n["metadata"]["name"]: n for n in (kube.read("nodes") or {"items": []})["items"]}
         if p["gpu_nodes"]:
             rows += check_resources(nodes, p["gpu_nodes"])
             rows += check_gfd_labels(nodes, p["gpu_nodes"])
@@ -328,6 +340,8 @@ def main():
             rows += check_calico(kube)
         if p["probe_image"]:
             rows += check_network(kube, p["namespace"], nodes, p["probe_image"], p["timeout"])
+    except KubeError as exc:
+        module.fail_json(msg=f"the API server did not answer the check: {exc}", rows=rows)
     finally:
         cleanup(kube, p["namespace"])
     failed = [r for r in rows if not r["ok"]]

@@ -10,6 +10,10 @@ ETCD_CERTS = ("--cacert=/etc/kubernetes/pki/etcd/ca.crt", "--cert=/etc/kubernete
               "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key")
 
 
+class KubeError(RuntimeError):
+    """kubectl could not answer: not the same as an answer that is empty."""
+
+
 class Kube:
     def __init__(self, kubeconfig):
         self.kubeconfig = kubeconfig
@@ -23,8 +27,21 @@ class Kube:
         return proc.returncode, proc.stdout, proc.stderr
 
     def get(self, *args):
+        """The object or list; None when it does not exist (NotFound), and also when kubectl
+        fails otherwise. A caller whose answer must not read a failure as "none" uses read()."""
         rc, out, _ = self.run("get", *args, "-o", "json")
         return json.loads(out) if rc == 0 else None
+
+    def read(self, *args):
+        """The object or list, None when it does not exist; raises KubeError when kubectl
+        fails otherwise (the API unreachable, a timeout, no rights), so that a failure is never
+        mistaken for an empty answer."""
+        rc, out, err = self.run("get", *args, "-o", "json")
+        if rc == 0:
+            return json.loads(out)
+        if "NotFound" in err or "not found" in err:
+            return None
+        raise KubeError(f"kubectl get {' '.join(args)} failed: {(err or out).strip()[-300:] or f'exit {rc}'}")
 
     def create(self, obj):
         rc, out, err = self.run("create", "-f", "-", "-o", "json", stdin=json.dumps(obj))

@@ -42,14 +42,25 @@ def test_a_pod_problem_is_said_in_its_containers_words_or_the_schedulers():
     assert check.pod_problem(pending) == "Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
 
 
+FAILS = object()  # an answer kubectl could not give (the API unreachable, a timeout)
+
+
 class FakeKube:
-    """Answers `get` from a table, as the API server would (a unit-test stand-in for kubectl)."""
+    """Answers `get` and `read` from a table, as the API server would (a unit-test stand-in
+    for kubectl); an answer of FAILS is kubectl failing."""
 
     def __init__(self, answers: dict[tuple[str, ...], dict | None]) -> None:
         self.answers = answers
 
     def get(self, *args: str):
-        return self.answers.get(args)
+        answer = self.answers.get(args)
+        return None if answer is FAILS else answer
+
+    def read(self, *args: str):
+        answer = self.answers.get(args)
+        if answer is FAILS:
+            raise check.KubeError(f"kubectl get {' '.join(args)} failed: Unable to connect to the server")
+        return answer
 
 
 def test_operator_rows_name_the_policy_state_and_each_unready_operand_per_node():
@@ -66,6 +77,53 @@ def test_operator_rows_name_the_policy_state_and_each_unready_operand_per_node()
     assert [(r["node"], r["check"], r["ok"]) for r in rows] == [
         ("-", "ClusterPolicy", False), ("gpu2", "operand nvidia-device-plugin-daemonset", False)]
     assert rows[1]["reason"] == "nvidia-device-plugin-daemonset-x1: Error: cannot open /dev/nvidia0"
+
+
+def ready_pod(name: str, app: str, node_name: str) -> dict:
+    return {"metadata": {"name": name, "labels": {"app": app}}, "spec": {"nodeName": node_name},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                       "containerStatuses": [{"ready": True}]}}
+
+
+def test_a_gpu_node_without_a_pod_of_an_expected_operand_fails():
+    """Every pod that exists is Ready, yet gpu2 has no driver pod (its labels keep the
+    DaemonSet away): the node is short, not fine."""
+    pods = {"items": [
+        ready_pod("nvidia-driver-daemonset-5.15-ubuntu22.04-a", "nvidia-driver-daemonset-5.15-ubuntu22.04", "gpu1"),
+        ready_pod("nvidia-device-plugin-daemonset-a", "nvidia-device-plugin-daemonset", "gpu1"),
+        ready_pod("nvidia-device-plugin-daemonset-b", "nvidia-device-plugin-daemonset", "gpu2")]}
+    kube = FakeKube({("clusterpolicies.nvidia.com", "cluster-policy"): {"status": {"state": "ready"}},
+                     ("pods", "-n", "gpu-operator"): pods})
+    want = ["nvidia-driver-daemonset", "nvidia-device-plugin-daemonset"]
+    rows = check.check_operator(kube, "gpu-operator", {"gpu1": {"operands": want}, "gpu2": {"operands": want},
+                                                       "dgx1": {"operands": want[1:]}})
+    short = [(r["node"], r["check"], r["got"]) for r in rows if not r["ok"]]
+    assert short == [("dgx1", "operand nvidia-device-plugin-daemonset", "no pod"),
+                     ("gpu2", "operand nvidia-driver-daemonset", "no pod")]
+    assert "kubectl get node gpu2 --show-labels" in next(r for r in rows if r["node"] == "gpu2")["reason"]
+
+
+def test_the_expected_operands_follow_the_driver_kind_and_mig():
+    from gpuboot.gpu_plan import NodeGpu
+    whole = NodeGpu("g1", None, 8, "precompiled", None, None, (), None)
+    assert whole.operand_apps()[0] == "nvidia-driver-daemonset" and "nvidia-mig-manager" not in whole.operand_apps()
+    dgx = NodeGpu("g2", None, 8, "preinstalled", None, None, (), "all-1g.10gb")
+    assert "nvidia-driver-daemonset" not in dgx.operand_apps() and "nvidia-mig-manager" in dgx.operand_apps()
+    assert {"nvidia-container-toolkit-daemonset", "nvidia-device-plugin-daemonset", "gpu-feature-discovery",
+            "nvidia-operator-validator"} <= set(dgx.operand_apps())
+
+
+def test_a_kubectl_failure_is_a_failure_not_an_empty_answer():
+    kube = FakeKube({("clusterpolicies.nvidia.com", "cluster-policy"): {"status": {"state": "ready"}},
+                     ("pods", "-n", "gpu-operator"): FAILS})
+    import pytest
+    with pytest.raises(check.KubeError, match="Unable to connect"):
+        check.check_operator(kube, "gpu-operator", {"gpu1": {"operands": ["nvidia-driver-daemonset"]}})
+    with pytest.raises(check.KubeError):
+        check.check_calico(FakeKube({("tigerastatuses.operator.tigera.io",): FAILS}))
+    with pytest.raises(check.KubeError):
+        check.check_fabric(FakeKube({("nicclusterpolicies.mellanox.com", "nic-cluster-policy"): FAILS}), {}, {},
+                           "nvidia-network-operator", False)
 
 
 def test_calico_rows_say_which_component_is_not_available_and_why():
