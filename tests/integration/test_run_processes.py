@@ -135,3 +135,52 @@ def test_ssh_control_masters_of_a_run_are_left_to_serve_the_next_phase(tmp_path)
     finally:
         master.kill()
         worker.kill()
+
+
+def _serving(tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    """`gpuboot mirror serve` with a package server (so it stays in Python, the registry its
+    child), and the registry's pid once it answers."""
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    gpuboot = subprocess.Popen([str(Path(sys.executable).parent / "gpuboot"), "mirror", "serve", "--root",
+                                str(tmp_path / "root"), "--listen", "127.0.0.1:45123", "--plain-http",
+                                "--packages-dir", str(packages), "--packages-listen", "127.0.0.1:45124"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               cwd=tmp_path)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        children = subprocess.run(["pgrep", "-P", str(gpuboot.pid)], capture_output=True, text=True).stdout.split()
+        if children and gpuboot.poll() is None:
+            return gpuboot, int(children[0])
+        assert gpuboot.poll() is None, gpuboot.stdout.read()
+        time.sleep(0.2)
+    raise AssertionError("the registry did not start")
+
+
+def _gone(pid: int, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # A zombie of an exited child counts as gone: its parent was killed with it.
+        if "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_killed_mirror_serve_leaves_no_registry_behind(tmp_path):
+    # docker-registry is one of bootstrap/host-packages.txt.
+    gpuboot, registry = _serving(tmp_path)
+    gpuboot.kill()  # SIGKILL: nothing in gpuboot runs
+    gpuboot.wait(10)
+    assert _gone(registry), "the registry outlived a SIGKILLed gpuboot mirror serve"
+
+
+def test_a_closed_terminal_stops_mirror_serve_and_its_registry(tmp_path):
+    gpuboot, registry = _serving(tmp_path)
+    gpuboot.send_signal(signal.SIGHUP)
+    assert gpuboot.wait(15) == 0
+    assert _gone(registry)

@@ -257,3 +257,22 @@ def test_sigterm_or_sighup_stops_the_running_playbook_like_ctrl_c(cluster, tmp_p
     assert finished.status == "interrupted" and "--from preflight" in finished.resume
     assert runner.hosts.lock is None
     assert state.load()["runs"][-1]["status"] == "interrupted"
+
+
+def test_an_interrupt_outside_a_playbook_is_recorded_with_its_resume(cluster, tmp_path):
+    """Ctrl-C between two phases (here: as the second phase is announced) never reaches a
+    playbook: the run is still recorded as interrupted, the lock given back, and the resume
+    starts at the first phase that did not succeed."""
+    runner = RunnerDouble({"preflight": ScriptedPhase({"cp01": "ok"}), "os_prep": ScriptedPhase({"cp01": "ok"})})
+    state = ClusterState.for_cluster(tmp_path, cluster.settings.cluster_name)
+
+    def sink(event):
+        if isinstance(event, PhaseStarted) and event.phase == "os_prep":
+            raise KeyboardInterrupt
+
+    finished = Engine(cluster, state, RunOptions(), sink, runner=runner).run(PHASES)
+    assert finished.status == "interrupted" and "--from os_prep" in finished.resume
+    assert finished.phases_run == ["preflight"]
+    assert runner.hosts.lock is None
+    assert state.load()["runs"][-1]["status"] == "interrupted"
+    assert state.load()["phases"]["preflight"]["status"] == "ok"

@@ -230,9 +230,11 @@ def mirror_serve(root, listen, names, tls_cert, tls_key, credentials_file, packa
         argv = command(config)
         os.execv(argv[0], argv)
     running = start(spec)
-    # `kill PID` (or `gpuboot lab down`) must stop the registry too: it runs in its own
-    # session, so turn SIGTERM into an exit that runs the cleanup below.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    # `kill PID` (or `gpuboot lab down`) and a closed terminal must stop the registry too: it
+    # runs in its own session, so turn SIGTERM and SIGHUP into an exit that runs the cleanup
+    # below. (A SIGKILL reaches it through the kernel: serve._end_with_parent.)
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, lambda signum, frame: sys.exit(0))
     _announce(spec, tls_cert)
     click.echo(f"packages: {'https' if spec.tls else 'http'}://{packages_listen}/<os id>/ from {packages_dir}")
     try:

@@ -2,6 +2,7 @@
 storage on disk, TLS from gpuboot's CA or the operator's, optional htpasswd users."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import http.server
 import secrets
@@ -145,11 +146,23 @@ class RunningRegistry:
                 self.process.wait()
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _end_with_parent() -> None:
+    """In the registry's child before exec: the kernel sends it SIGTERM when the process that
+    started it dies, even by SIGKILL, so no registry outlives gpuboot (Linux prctl)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def start(spec: ServeSpec, timeout: float = 10) -> RunningRegistry:
     config = write_config(spec)
     log = spec.root / "registry.log"
     with open(log, "ab") as out:
-        process = subprocess.Popen(command(config), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # Its own session keeps a terminal's Ctrl-C for gpuboot, which then stops it in order.
+        process = subprocess.Popen(command(config), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   preexec_fn=_end_with_parent)
     host, port = spec.listen.rsplit(":", 1)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

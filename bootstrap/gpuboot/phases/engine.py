@@ -343,6 +343,13 @@ class Engine:
                         break
         except Interrupted as exc:
             status, resume = "interrupted", exc.hint
+        except KeyboardInterrupt:
+            # Ctrl-C, SIGTERM or SIGHUP outside a playbook (the lock, the probe, between phases):
+            # the run is still recorded, resuming at the first phase that did not succeed.
+            done = {phase.name for phase, _, _ in succeeded}
+            pending = next((p.name for p in phases if p.name not in done), names[0] if names else "")
+            status, resume = "interrupted", self.options.resume_hint.format(inventory=self.cluster.inventory,
+                                                                            phase=pending)
         finally:
             # Record what the phases that succeeded left on their hosts, and give the lock back,
             # however the run ended (a second Ctrl-C here leaves the lock for `unlock`).
