@@ -184,3 +184,32 @@ def test_a_closed_terminal_stops_mirror_serve_and_its_registry(tmp_path):
     gpuboot.send_signal(signal.SIGHUP)
     assert gpuboot.wait(15) == 0
     assert _gone(registry)
+
+
+def test_a_token_in_the_operators_shell_never_reaches_the_playbook_or_its_record(tmp_path, monkeypatch):
+    """ansible-runner records the environment when the run starts: while the playbook runs
+    (where a SIGKILL would leave it) the record and ansible-playbook's own environment hold
+    only what a playbook needs, never a token kept in the shell."""
+    planted = "ghp_plantedTOKENvalue0123456789"
+    monkeypatch.setenv("GITHUB_TOKEN", planted)
+    monkeypatch.setenv("HTTPS_PROXY", f"http://user:{planted}@proxy.invalid:3128")
+    play, inventory = tmp_path / "play.yml", tmp_path / "inventory.ini"
+    play.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n"
+                    "    - ansible.builtin.command: sh -c 'env > {{ out }}'\n")
+    inventory.write_text(f"h0 ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    artifacts = tmp_path / "artifacts"
+    seen: list[str] = []
+
+    def during(event) -> None:
+        record = artifacts / "p" / "command"
+        if record.exists():
+            seen.append(record.read_text())
+
+    result = run_playbook(PlaybookRun(play, inventory, artifacts, "p", extravars={"out": str(tmp_path / "env")}), during)
+    assert result.status == "successful"
+    assert seen, "the run's command record was not there while it ran"
+    assert not [text for text in seen if planted in text]
+    assert "ANSIBLE_" in seen[0] or "PATH" in seen[0]
+    assert planted not in (tmp_path / "env").read_text()  # the playbook's own process
+    leaked = [str(p) for p in artifacts.rglob("*") if p.is_file() and planted in p.read_text(errors="replace")]
+    assert not leaked

@@ -51,6 +51,26 @@ class PlaybookResult:
 # ansible-runner records the whole process environment in artifacts/<ident>/command;
 # an operator's shell may hold tokens, so only these keys survive in that record.
 RECORDED_ENV = ("PATH", "HOME", "LANG", "PWD")
+# What ansible-playbook gets of gpuboot's environment: nothing else, so that a token or a
+# password an operator keeps in the shell never reaches the playbook's process or the
+# `command` record ansible-runner writes when the run starts (a SIGKILL leaves it behind).
+PLAYBOOK_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "PWD", "SHELL",
+                "SSH_AUTH_SOCK", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHASHSEED")
+PLAYBOOK_ENV_PREFIXES = ("ANSIBLE_", "GPUBOOT_", "LC_", "XDG_", "RUNNER_", "PROFILE_TASKS_")
+
+
+def playbook_environment(env: dict[str, str], shell: dict[str, str]) -> dict[str, str]:
+    """`env` without what it took from the operator's `shell` beyond PLAYBOOK_ENV; what
+    ansible-runner and gpuboot set themselves (its callback's variables, envvars) stays."""
+    return {k: v for k, v in env.items()
+            if k in PLAYBOOK_ENV or k.startswith(PLAYBOOK_ENV_PREFIXES) or shell.get(k) != v}
+
+
+def _trim_environment(status: dict, runner_config) -> None:
+    """ansible-runner's status handler: called with `starting` before it records the command
+    and spawns ansible-playbook, so both see only the playbook's environment."""
+    if status.get("status") == "starting":
+        runner_config.env = playbook_environment(runner_config.env, dict(os.environ))
 
 
 def _path_with_this_python() -> str:
@@ -102,6 +122,7 @@ def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
         cmdline=" ".join(flags) or None,
         verbosity=request.verbosity,
         suppress_env_files=True,
+        status_handler=_trim_environment,
         quiet=True,
         event_handler=handle,
         cancel_callback=(lambda: cancel.is_set()) if cancel is not None else None,
