@@ -18,6 +18,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The lab builds Kubernetes, containerd, helm and Argo CD from Go modules: Debian 12's Go (1.19)
+# is too old, so a new enough toolchain is a prerequisite, checked here before anything long.
+GO_MIN=1.24
+go_version=$(go env GOVERSION 2>/dev/null | sed 's/^go//' || true)
+if [ -z "$go_version" ] || [ "$(printf '%s\n%s\n' "$GO_MIN" "$go_version" | sort -V | head -1)" != "$GO_MIN" ]; then
+  echo "setup: the lab needs Go $GO_MIN or newer on PATH (found: ${go_version:-none})." >&2
+  echo "  install it: download go<version>.linux-amd64.tar.gz from Go's downloads, then" >&2
+  echo "  tar -C /usr/local -xzf go<version>.linux-amd64.tar.gz && export PATH=/usr/local/go/bin:\$PATH" >&2
+  echo "  and run bash bootstrap/setup.sh again" >&2
+  exit 2
+fi
+
 stamp=$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/gpuboot ] || [ "$(cat .venv/.gpuboot-deps 2>/dev/null)" != "$stamp" ]; then
   echo "setup: creating .venv from requirements.lock"

@@ -132,7 +132,8 @@ def api(tmp_path_factory):
     missing = [tool for tool in ("go", ETCD) if shutil.which(tool) is None]
     if missing:
         if os.environ.get("GPUBOOT_REQUIRE_LAB") == "1":
-            pytest.fail(f"missing {missing}: bootstrap/setup.sh installs them")
+            pytest.fail(f"missing {missing}: bootstrap/setup.sh installs etcd-server and stops naming how to "
+                        "install Go when it is missing or too old")
         pytest.skip(f"missing {missing}")
     newest = sorted(matrix_versions(), key=lambda v: tuple(int(p) for p in v.lstrip("v").split(".")))[-1]
     built = KubernetesBuild(log=lambda m: None).build(newest)
