@@ -34,6 +34,33 @@ def describe(cluster: Cluster, phases: list[Phase], state: ClusterState) -> list
             action = "run (its playbook, roles or inputs changed)"
         else:
             action = "run"
-        rows.append({"phase": phase.name, "title": phase.title, "playbook": f"playbooks/{phase.playbook}",
-                     "hosts": hosts, "action": action})
+        row = {"phase": phase.name, "title": phase.title, "playbook": f"playbooks/{phase.playbook}",
+               "hosts": hosts, "action": action}
+        if phase.gate:
+            row["demands"] = gate_demands(cluster)
+        rows.append(row)
     return rows
+
+
+def _listed(resources: dict[str, int | None]) -> str:
+    return ", ".join(f"{name}={'>0' if count is None else count}" for name, count in sorted(resources.items()))
+
+
+def gate_demands(cluster: Cluster) -> dict[str, list[str]]:
+    """What the validate gate will demand of each GPU and fabric node, as the inventory implies
+    it: allocatable GPUs or MIG devices, GPU Feature Discovery's labels, the operand pods that
+    must run there, the RDMA and VF resources."""
+    demands: dict[str, list[str]] = {}
+    for name, node in cluster.gpu_plan.as_data()["nodes"].items():
+        resources = node["resources"]
+        lines = [f"allocatable {_listed(resources)}" if resources is not None
+                 else "allocatable nvidia.com/* > 0 (gpu.count not declared)"]
+        if node["gfd_labels"]:
+            lines.append("labels " + ", ".join(f"{k.removeprefix('nvidia.com/')}={v}" for k, v in sorted(node["gfd_labels"].items())))
+        lines.append(f"operand pods: {', '.join(node['operands'])}")
+        demands[name] = lines
+    fabric = cluster.nic_plan
+    for name in fabric.node_labels():
+        if resources := fabric.node_resources(name):
+            demands.setdefault(name, []).append(f"fabric {_listed(resources)}")
+    return dict(sorted(demands.items()))
