@@ -8,9 +8,12 @@ mirror through `mirror import` like any other bundle):
 - .deb packages kubeadm, kubelet (with its systemd unit and kubeadm drop-in), kubectl and
   kubernetes-cni at the matrix's package versions for debian-12.
 
-What the lab cannot build is listed, not faked: cri-tools (crictl) is not on this machine's
-Go module proxy. etcd and CoreDNS are built at the matrix's lab_build versions (the nearest
-the proxy has) and tagged as kubeadm expects."""
+- cri-tools (crictl) at the matrix's package version, built from the lab_build version of
+  sigs.k8s.io/cri-tools, which the lab's kubeadm depends on as upstream's does.
+
+What the lab cannot build is listed, not faked (a release without lab_build.cri_tools lists
+cri-tools). etcd, CoreDNS and crictl are built at the matrix's lab_build versions (the nearest
+the proxy has) and tagged or packaged as kubeadm expects."""
 from __future__ import annotations
 
 import gzip
@@ -216,19 +219,24 @@ def write(version: str | None, out: Path, log: Callable[[str], None] = print) ->
                                        "usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf":
                                            (KUBEADM_DROP_IN.encode(), 0o644)},
              "kubernetes-cni, iptables, mount", f"kubelet {version} (gpuboot lab build)"),
-            # Upstream's kubeadm also depends on cri-tools, which the lab cannot build.
-            # (Its kubelet and kubectl floors are also far below its own version.)
+            # (Upstream's kubelet and kubectl floors are far below its own version.)
             ("kubeadm", kube.version, {"usr/bin/kubeadm": ((bin_dir / "kubeadm").read_bytes(), 0o755)},
-             f"kubelet (>= {minimum}), kubectl (>= {minimum}), kubernetes-cni",
+             f"kubelet (>= {minimum}), kubectl (>= {minimum}), kubernetes-cni"
+             + (", cri-tools" if "cri_tools" in lab_build else ""),
              f"kubeadm {version} (gpuboot lab build)"),
         ]
+        if "cri_tools" in lab_build:
+            crictl = builder.companion_dir(version, "cri_tools") / "crictl"
+            debs.insert(0, ("cri-tools", str(kube.model_extra["cri_tools"]), {"usr/bin/crictl": (crictl.read_bytes(), 0o755)},
+                            "", f"crictl {lab_build['cri_tools']['version']} (gpuboot lab build)"))
         packages = []
         for name, pkg_version, files, depends, description in debs:
             log(f"package {name}={pkg_version}")
             deb = build_deb(work, name, pkg_version, files, depends, description)
             artifacts.append(package_artifact(bundle, os_id, name, pkg_version, deb))
             packages.append(f"{name}={pkg_version}")
-    not_built.append(f"cri-tools={kube.model_extra['cri_tools']} (sigs.k8s.io/cri-tools is not on this machine's "
-                     "Go module proxy)")
+    if "cri_tools" not in lab_build:
+        not_built.append(f"cri-tools={kube.model_extra['cri_tools']} (release {release.name} names no "
+                         "lab_build.cri_tools to build crictl from)")
     bundle.write_manifest(f"{release.name}-lab", artifacts)
     return LabBundle(out, [a.ref for a in artifacts if a.kind == "image"], packages, not_built)

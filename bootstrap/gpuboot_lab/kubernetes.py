@@ -42,7 +42,10 @@ COMPANION_PACKAGES = {
     "cni_plugins": [f"plugins/{p}" for p in ("main/bridge", "main/loopback", "main/host-device", "main/ptp",
                                             "ipam/host-local", "meta/portmap", "meta/bandwidth", "meta/tuning",
                                             "meta/firewall")],
+    "cri_tools": ["cmd/crictl"],
 }
+# Link-time settings of a companion's binaries, so that they report their own version.
+COMPANION_LDFLAGS = {"cri_tools": "-X sigs.k8s.io/cri-tools/pkg/version.Version={version}"}
 # CoreDNS with the plugins kubeadm's default Corefile uses (its own main imports them all).
 COREDNS_PLUGINS = ("cache", "errors", "forward", "health", "kubernetes", "loadbalance", "log", "loop",
                    "metrics", "ready", "reload")
@@ -212,7 +215,7 @@ class KubernetesBuild:
         return self.build_dir(version) / "companions" / f"{name}-{module_version}"
 
     def _companions(self, version: str, log_file: Path) -> dict[str, bool]:
-        """etcd and the CNI plugins at the versions the matrix's lab_build names, each in its own
+        """etcd, CoreDNS, the CNI plugins and crictl at the versions the matrix's lab_build names, each in its own
         wrapper module (etcd's go.mod has replace directives, so it cannot be `go install`ed)."""
         release = matrix.load(matrix_versions()[version])
         wanted = (release.model_extra or {}).get("lab_build") or {}
@@ -244,7 +247,8 @@ class KubernetesBuild:
             out.mkdir(parents=True, exist_ok=True)
             for path, target in todo:
                 # -mod=mod (in _env) lets the build add what the package needs to the wrapper.
-                if self._go(["build", "-trimpath", "-ldflags", "-s -w", "-o", f"{target}.partial", path],
+                ldflags = " ".join(["-s -w", COMPANION_LDFLAGS.get(name, "").format(version=module_version)]).strip()
+                if self._go(["build", "-trimpath", "-ldflags", ldflags, "-o", f"{target}.partial", path],
                             wrapper, log_file).returncode != 0:
                     raise LabError(f"building {name} {module_version} ({path}) failed", hint=f"see {log_file}")
                 Path(f"{target}.partial").replace(target)

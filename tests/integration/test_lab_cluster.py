@@ -113,12 +113,16 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_converges_and_repairs(cluster,
     # The packages came from the mirror's signed repository at the built version.
     node = f"{NAME}-w1"
     versions = ssh(cluster, node, "kubeadm version -o short; kubelet --version; kubectl version --client | head -1; "
-                                  "ls /opt/cni/bin | tr '\\n' ' '; echo; apt-cache policy kubeadm | grep -m1 https")
+                                  "ls /opt/cni/bin | tr '\\n' ' '; echo; apt-cache policy kubeadm | grep -m1 https; "
+                                  "crictl --version")
     lines = versions.stdout.splitlines()
     version = cluster["version"]
     assert lines[:3] == [version, f"Kubernetes {version}", f"Client Version: {version}"], versions.stdout
     assert {"bridge", "host-local", "loopback", "portmap"} <= set(lines[3].split())
     assert lines[4].split()[1].startswith(f"https://{cluster['packages']}/"), lines[4]
+    # crictl came with kubeadm, as upstream's packages bring it: the operator's first tool on a node.
+    crictl = matrix.load(RELEASE).model_extra["lab_build"]["cri_tools"]["version"]
+    assert lines[5] == f"crictl version {crictl}", versions.stdout
 
     # The admin kubeconfig on the control machine: private, pointing at the VIP.
     kubeconfig = cluster["kubeconfig"]
