@@ -212,3 +212,50 @@ def test_diff_says_what_it_needs_before_touching_git(tmp_path: Path, capsys):
     assert run(["gitops", "diff", str(with_gitops(CASES["mixed-fleet"], tmp_path))]) == 2
     err = capsys.readouterr().err
     assert "credentials_file and known_hosts_file" in err and "ssh-keyscan" in err
+
+
+def _declarations(repo: Path) -> dict[tuple, list[str]]:
+    """(kind, namespace, name) -> the files that declare it (kustomizations and values aside)."""
+    found: dict[tuple, list[str]] = {}
+    for path in sorted(repo.rglob("*.yaml")):
+        if path.name in ("kustomization.yaml", "values.yaml"):
+            continue
+        for doc in _objects(path.read_text()):
+            if isinstance(doc, dict) and "kind" in doc:
+                meta = doc.get("metadata") or {}
+                found.setdefault((doc["kind"], meta.get("namespace"), meta.get("name")), []).append(
+                    str(path.relative_to(repo)))
+    return found
+
+
+def with_a_tenant_on_a_network_namespace(tmp_path: Path) -> Path:
+    """The mixed fleet with GitOps and a tenant whose namespace is one the InfiniBand network
+    attaches pods from (the network stack's namespace and the tenant's are the same)."""
+    inventory = with_gitops(CASES["mixed-fleet"], tmp_path)
+    all_vars = inventory.parent / "group_vars" / "all.yml"
+    data = yaml.safe_load(all_vars.read_text())
+    data["gpuboot"]["tenants"] = [{"name": "training", "quota": {"gpu": 16}}]
+    all_vars.write_text(yaml.safe_dump(data))
+    return inventory
+
+
+@pytest.mark.parametrize("case", ["sample", "four-tenants", "mixed-fleet", "tenant-on-a-network-namespace"])
+def test_every_object_in_the_repository_has_one_owner(case: str, tmp_path: Path):
+    """Argo CD flags an object two Applications declare as a shared resource, and they fight
+    over it: each object is declared once, in one Application's path."""
+    if case == "mixed-fleet":
+        inventory = with_gitops(CASES[case], tmp_path)
+    elif case == "tenant-on-a-network-namespace":
+        inventory = with_a_tenant_on_a_network_namespace(tmp_path)
+    else:
+        inventory = CASES[case]
+    repo = gitops_render(inventory, tmp_path / "repo")
+    declared = _declarations(repo)
+    assert len(declared) > 10
+    twice = {key: files for key, files in declared.items() if len(files) > 1}
+    assert not twice
+    if case == "tenant-on-a-network-namespace":
+        assert declared[("Namespace", None, "training")] == ["tenants/training/namespace.yaml"]
+        networks = (repo / "addons" / "network-operator" / "base" / "networks.yaml").read_text()
+        assert networks.startswith("# Namespace training: the tenant bundle's")
+        assert ("Namespace", None, "inference") in declared  # a network namespace no tenant owns stays

@@ -121,7 +121,7 @@ class Repository:
         base = Path("addons") / addon.name / "base"
         objects = sorted(name for name in files if name not in KEPT_BY_GPUBOOT)
         for name in objects:
-            self.add(base / name, files[name])
+            self.add(base / name, self.without_tenant_namespaces(files[name]))
         self.add_kustomization(base, objects)
         self.add_kustomization(Path("addons") / addon.name / "overlays" / self.cluster.settings.cluster_name,
                                ["../../base"])
@@ -130,6 +130,19 @@ class Repository:
                          if doc and doc.get("kind") == "Namespace")
         self.applications.append(self.addon_application(addon.name, addon.chart, namespace, release=addon.release,
                                                          adopted=True))
+
+    def without_tenant_namespaces(self, text: str) -> str:
+        """An add-on's objects less the Namespaces of tenants: every object in the repository has
+        one owner, and a tenant's namespace is its bundle's (tenants/<name>), even where `up`
+        made it first for an add-on (the networks pods of that tenant attach to)."""
+        tenants = {tenant.name for tenant in self.cluster.settings.tenants}
+        docs = [doc for doc in yaml.safe_load_all(text) if doc]
+        kept = [doc for doc in docs if not (doc.get("kind") == "Namespace" and doc["metadata"]["name"] in tenants)]
+        if len(kept) == len(docs):
+            return text
+        given = sorted({doc["metadata"]["name"] for doc in docs} - {doc["metadata"]["name"] for doc in kept})
+        return (f"# Namespace {', '.join(given)}: the tenant bundle's (tenants/), not this add-on's.\n"
+                + (dump(kept) if kept else ""))
 
     def kai_scheduler(self) -> None:
         """KAI, when the inventory turns it on: its chart from the mirror with gpuboot's values, and
