@@ -29,19 +29,25 @@ def validate(inventory: Path, capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("form", sorted(INVENTORIES))
-def test_a_host_vars_file_that_drops_the_groups_nics_is_refused_in_every_form(form, tmp_path, capsys):
-    root = site(tmp_path, FORMS / form)
+def add_host_vars(root: Path, text: str) -> tuple[Path, int]:
+    """Append to host_vars/gpu02.yml (made if the form has none); the line the text starts on."""
     host_vars = root / "host_vars" / "gpu02.yml"
     host_vars.parent.mkdir(exist_ok=True)
     before = host_vars.read_text() if host_vars.exists() else ""
-    host_vars.write_text(before + "gpuboot_node:\n  gpu: {count: 4, time_slicing_replicas: 2}\n")
+    host_vars.write_text(before + text)
+    return host_vars, len(before.splitlines()) + 1
+
+
+@pytest.mark.parametrize("form", sorted(INVENTORIES))
+def test_a_host_vars_file_that_drops_the_groups_nics_is_refused_in_every_form(form, tmp_path, capsys):
+    root = site(tmp_path, FORMS / form)
+    host_vars, line_number = add_host_vars(root, "gpuboot_node:\n  gpu: {count: 4, time_slicing_replicas: 2}\n")
     code, err = validate(root / INVENTORIES[form], capsys)
     assert code == 2
     line = next(x for x in err.splitlines() if "is split" in x)
     # The earlier place (the group's or the host's inline definition) and the later one, both named.
     assert "gpuboot_node is split: for gpu02 it is set here and again in" in line
-    assert f"{host_vars}:{len(before.splitlines()) + 1}" in line
+    assert f"{host_vars}:{line_number}" in line
     assert "nics set here would be dropped" in line
     assert "gpu01" not in line
 
@@ -49,11 +55,8 @@ def test_a_host_vars_file_that_drops_the_groups_nics_is_refused_in_every_form(fo
 @pytest.mark.parametrize("form", sorted(INVENTORIES))
 def test_a_later_definition_that_repeats_every_key_overrides_in_peace(form, tmp_path, capsys):
     root = site(tmp_path, FORMS / form)
-    host_vars = root / "host_vars" / "gpu02.yml"
-    host_vars.parent.mkdir(exist_ok=True)
-    before = host_vars.read_text() if host_vars.exists() else ""
-    host_vars.write_text(before + "gpuboot_node:\n  gpu: {count: 4, time_slicing_replicas: 2}\n"
-                         "  nics: [{name: fabric, pf_names: [ens1f0np0], num_vfs: 8, resource_name: nvidia.com/cx7}]\n")
+    add_host_vars(root, "gpuboot_node:\n  gpu: {count: 4, time_slicing_replicas: 2}\n"
+                        "  nics: [{name: fabric, pf_names: [ens1f0np0], num_vfs: 8, resource_name: nvidia.com/cx7}]\n")
     assert validate(root / INVENTORIES[form], capsys)[0] == 0
     nodes = load_cluster(root / INVENTORIES[form]).extravars()["gpuboot_nodes"]
     assert nodes["gpu02"]["gpu"]["count"] == 4 and nodes["gpu02"]["nics"][0]["name"] == "fabric"
