@@ -75,3 +75,6 @@ def test_companions_are_built_at_the_matrix_lab_build_versions(built):
     assert {"bridge", "host-local", "loopback", "portmap"} <= {p.name for p in cni.iterdir()}
     answer = subprocess.run([str(cni / "bridge")], capture_output=True, text=True, env={"CNI_COMMAND": "VERSION"})
     assert "1.0.0" in json.loads(answer.stdout)["supportedVersions"]
+    # crictl, which the lab packages as cri-tools, reports the lab_build version it was built at.
+    crictl = builder.companion_dir(built.version, "cri_tools") / "crictl"
+    assert run(str(crictl), "--version").strip() == f"crictl version {lab_build['cri_tools']['version']}"
