@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 
 from gpuboot import gpus
-from gpuboot.config.model import GpubootSettings, Node
+from gpuboot.config.model import NODE_GROUP_LABEL_PREFIX, GpubootSettings, Node
 from gpuboot.errors import MatrixError
 from gpuboot.matrix import Release
 
@@ -46,6 +46,8 @@ class NodeGpu:
     mig_config: str | None           # the mig-parted configuration the node's label names
     mig_layout: tuple[tuple[tuple[int, ...] | str, tuple[tuple[str, int], ...]], ...] = ()
     time_slicing_replicas: int = 1
+    # The tenants' node groups this node is in: each is a node label tenants' pods select.
+    node_groups: tuple[str, ...] = ()
 
     @property
     def device_plugin_config(self) -> str:
@@ -53,6 +55,7 @@ class NodeGpu:
 
     def labels(self, mixed_drivers: bool) -> dict[str, str]:
         labels = {DEVICE_PLUGIN_LABEL: self.device_plugin_config}
+        labels.update({NODE_GROUP_LABEL_PREFIX + group: "true" for group in self.node_groups})
         if self.mig_config:
             labels[MIG_CONFIG_LABEL] = self.mig_config
         if self.driver == "preinstalled":
@@ -116,11 +119,11 @@ class GpuPlan:
     mig_configs: dict[str, list[dict]] = field(default_factory=dict)
     misfits: list[Misfit] = field(default_factory=list)
 
-    def offered(self) -> dict[str, int] | None:
-        """The GPU resources all GPU workers advertise together, by resource name; None when a
-        GPU worker does not declare its count."""
+    def offered(self, names: set[str] | None = None) -> dict[str, int] | None:
+        """The GPU resources all GPU workers (or those named) advertise together, by resource
+        name; None when one of them does not declare its count."""
         total: dict[str, int] = {}
-        for node in self.nodes.values():
+        for node in (n for name, n in self.nodes.items() if names is None or name in names):
             found = node.resources(self.strategy)
             if found is None:
                 return None
@@ -239,8 +242,9 @@ class _Resolver:
         elif model is not None and model.mig is not None:
             # A MIG-capable GPU without a layout is kept whole, whatever MIG mode it was left in.
             mig_config = self.register(MIG_DISABLED, [{"devices": "all", "mig-enabled": False}])
+        tenant_groups = sorted({t.node_group for t in self.settings.tenants if t.node_group} & set(node.groups))
         self.plan.nodes[node.name] = NodeGpu(node.name, model, gpu.count if gpu else None, driver, os_key, os_tag,
-                                             kernels, mig_config, layout, replicas)
+                                             kernels, mig_config, layout, replicas, tuple(tenant_groups))
 
     def os(self, node: Node):
         os_id = node.settings.os or (self.settings.node_os.id if self.settings.node_os else None)

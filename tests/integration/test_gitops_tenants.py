@@ -38,6 +38,8 @@ def four_tenants(tmp_path_factory, api):
     repo = render(FOUR_TENANTS, tmp_path_factory.mktemp("gitops"))
     api.kubectl("apply", "--server-side", "--field-manager", "argocd-controller", "-k",
                 str(repo / "tenants" / "priority-classes"))
+    api.kubectl("apply", "--server-side", "--field-manager", "argocd-controller", "-k",
+                str(repo / "tenants" / "node-groups"))
     for tenant in ("llm-training", "inference", "notebooks", "batch-jobs"):
         api.kubectl("apply", "--server-side", "--field-manager", "argocd-controller", "-k", str(repo / "tenants" / tenant))
         api.wait_for("-n", tenant, "serviceaccount/default", jsonpath="{.metadata.name}")
@@ -104,8 +106,35 @@ def _pod(name: str, *, gpus: int = 0, mig: str | None = None, priority: str | No
     return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
 
 
-def _try(api, namespace: str, pod: str) -> subprocess.CompletedProcess:
+# Tenants bound to a node group (the fixture's node_group): their pods select its nodes.
+NODE_GROUPS = {"notebooks": "h100_mig"}
+
+
+def _try(api, namespace: str, pod: str, select: bool = True) -> subprocess.CompletedProcess:
+    """A server-side dry run of the pod; in a namespace bound to a node group the pod selects
+    that group's nodes, unless `select` is False."""
+    if select and namespace in NODE_GROUPS:
+        body = json.loads(pod)
+        body["spec"]["nodeSelector"] = {f"node-group.gpuboot.io/{NODE_GROUPS[namespace]}": "true"}
+        pod = json.dumps(body)
     return api.kubectl("create", "-n", namespace, "--dry-run=server", "-o", "json", "-f", "-", stdin=pod, check=False)
+
+
+def test_a_tenant_bound_to_a_node_group_runs_only_pods_that_select_it(api, four_tenants):
+    """notebooks is bound to the MIG nodes: a pod that does not select them (or selects another
+    group's) is refused by the API server, saying what to set; one that does is admitted. A
+    tenant without a node group is not judged."""
+    refused = _try(api, "notebooks", _pod("anywhere", mig="1g.10gb", priority="interactive"), select=False)
+    assert refused.returncode != 0
+    assert ('the pods of this tenant run on node group h100_mig: set spec.nodeSelector '
+            '{"node-group.gpuboot.io/h100_mig": "true"}') in refused.stderr
+    other = json.loads(_pod("elsewhere", mig="1g.10gb", priority="interactive"))
+    other["spec"]["nodeSelector"] = {"node-group.gpuboot.io/l40s_sliced": "true"}
+    assert _try(api, "notebooks", json.dumps(other), select=False).returncode != 0
+    assert _try(api, "notebooks", _pod("there", mig="1g.10gb", priority="interactive")).returncode == 0
+    assert _try(api, "llm-training", _pod("free", gpus=1, priority="training")).returncode == 0
+    namespace = json.loads(api.kubectl("get", "namespace", "notebooks", "-o", "json").stdout)
+    assert namespace["metadata"]["labels"]["gpuboot.io/node-group"] == "h100_mig"
 
 
 def _can(api, verb: str, resource: str, namespace: str, group: str) -> bool:

@@ -308,11 +308,13 @@ RESERVED_NAMESPACES = frozenset({"default", "argocd", "gpu-operator", "nvidia-ne
                                  "kai-scale-adjust"})
 
 
-def tenants(settings: GpubootSettings, offered: dict[str, int] | None, where: Where) -> list[Problem]:
+def tenants(settings: GpubootSettings, offered: dict[str, int] | None, where: Where,
+            by_group: dict[str, dict[str, int] | None] | None = None) -> list[Problem]:
     """The tenants' quotas fit what the GPU workers offer (`offered`, from the GPU plan: time-slicing
     replicas and MIG devices counted as the device plugin advertises them; None when a GPU worker
-    does not declare its count, and then only what can be known is checked)."""
-    problems: list[Problem] = []
+    does not declare its count, and then only what can be known is checked); the quotas of the
+    tenants bound to a node group fit what that group's GPU nodes offer (`by_group`)."""
+    problems: list[Problem] = _node_group_quotas(settings, by_group or {}, where)
     asked = sum(t.quota.gpu for t in settings.tenants)
     if settings.tenants and offered is not None and asked > offered.get(GPU, 0):
         index = max(range(len(settings.tenants)), key=lambda i: settings.tenants[i].quota.gpu)
@@ -337,6 +339,46 @@ def tenants(settings: GpubootSettings, offered: dict[str, int] | None, where: Wh
                                     f"tenant {tenant.name} is defined twice (also tenants[{seen[tenant.name]}])",
                                     "merge them or rename one"))
         seen.setdefault(tenant.name, index)
+    return problems
+
+
+def _node_group_quotas(settings: GpubootSettings, by_group: dict[str, dict[str, int] | None],
+                       where: Where) -> list[Problem]:
+    """Each node group tenants are bound to holds GPU workers, and their quotas (GPUs as the
+    device plugin counts them there: time-sliced replicas; MIG devices per profile) fit it."""
+    problems: list[Problem] = []
+    bound: dict[str, list[int]] = defaultdict(list)
+    for index, tenant in enumerate(settings.tenants):
+        if tenant.node_group:
+            bound[tenant.node_group].append(index)
+    with_gpus = sorted(group for group, have in by_group.items() if have != {})
+    for group, indexes in sorted(bound.items()):
+        have = by_group.get(group, {})
+        first = indexes[0]
+        line = where.child("tenants", first, "node_group").line
+        if have == {}:
+            problems.append(Problem(where.file, line, f"gpuboot.tenants[{first}].node_group",
+                                    f"the node group {group} holds no GPU worker of this inventory",
+                                    "name an inventory group of GPU workers" + (f" ({', '.join(with_gpus)})" if with_gpus else
+                                                                               ", or put the tenant's nodes in a group")))
+            continue
+        if have is None:
+            continue  # a node of the group does not declare its GPU count: nothing to add up
+        for resource in sorted({GPU} | {f"nvidia.com/mig-{p}" for i in indexes for p in settings.tenants[i].quota.mig}):
+            profile = resource.removeprefix("nvidia.com/mig-")
+            shares = [(i, settings.tenants[i].quota.gpu if resource == GPU else settings.tenants[i].quota.mig.get(profile, 0))
+                      for i in indexes]
+            asked = sum(count for _, count in shares)
+            if asked > have.get(resource, 0):
+                index = max(shares, key=lambda share: share[1])[0]
+                field = ("quota", "gpu") if resource == GPU else ("quota", "mig", profile)
+                names = ", ".join(f"{settings.tenants[i].name} {count}" for i, count in shares if count)
+                problems.append(Problem(where.file, where.child("tenants", index, *field).line,
+                                        dotted("gpuboot", "tenants", index, *field),
+                                        f"the quotas of the tenants on node group {group} add up to {asked} {resource} "
+                                        f"({names}), but its GPU nodes offer {have.get(resource, 0)}"
+                                        + (" (gpu.count x time_slicing_replicas)" if resource == GPU else ""),
+                                        f"lower the quotas, or add GPU nodes to {group}"))
     return problems
 
 

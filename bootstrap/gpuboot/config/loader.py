@@ -135,6 +135,7 @@ def _validated(path: Path, check_files: bool, releases_dir: Path | None, *, loca
     problems += checks.groups_and_nodes(inv, nodes, settings)
     if settings is not None and where is not None:
         offered = None
+        by_group: dict[str, dict[str, int] | None] = {}
         try:
             release = matrix.load(settings.release, releases_dir)
         except MatrixError as exc:
@@ -146,10 +147,13 @@ def _validated(path: Path, check_files: bool, releases_dir: Path | None, *, loca
             problems += _misfits(inv, plan.misfits)
             # A layout with a problem of its own would make the quotas' check say more of the same.
             offered = None if plan.misfits else plan.offered()
+            for group in {t.node_group for t in settings.tenants if t.node_group}:
+                members = {n.name for n in nodes if group in n.groups and n.name in plan.nodes}
+                by_group[group] = (None if plan.misfits else plan.offered(members)) if members else {}
         problems += _misfits(inv, nic_plan.resolve(settings, nodes).misfits)
         problems += checks.addresses(settings, nodes, where)
         problems += checks.references(settings, nodes, where, inv.path, check_files=check_files)
-        problems += checks.tenants(settings, offered, where)
+        problems += checks.tenants(settings, offered, where, by_group)
         problems += checks.kai_scheduler(settings, where)
         problems += checks.vclusters(settings, nodes, where)
     if problems:

@@ -286,6 +286,10 @@ PRIORITY_TIERS = ("serving", "training", "interactive", "batch")
 PriorityTier = Literal["serving", "training", "interactive", "batch"]
 
 
+# The node label that puts a GPU node in a tenant's node group: node-group.gpuboot.io/<group>=true.
+NODE_GROUP_LABEL_PREFIX = "node-group.gpuboot.io/"
+
+
 class Tenant(Strict):
     name: DnsLabel
     quota: TenantQuota = TenantQuota()
@@ -303,6 +307,10 @@ class Tenant(Strict):
     # tenant's queue gets, relative to the others' (0: nothing beyond its quota).
     over_quota_weight: int = Field(1, ge=0)
     vcluster: TenantVCluster = TenantVCluster()
+    # The inventory group whose GPU nodes run the tenant's pods (e.g. the time-sliced L4
+    # workers): its namespace admits only pods that select that group (NODE_GROUP_LABEL_PREFIX),
+    # and its quota must fit what that group's nodes advertise. None: any GPU node.
+    node_group: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")] | None = None
 
     @model_validator(mode="before")
     @classmethod

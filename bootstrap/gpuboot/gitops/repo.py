@@ -219,6 +219,12 @@ class Repository:
         self.add_kustomization(tiers, ["priority-classes.yaml"])
         self.applications.append(self.application("tenants-priority-classes", PLATFORM_PROJECT, None,
                                                   path=str(self.root / tiers)))
+        if any(tenant.node_group for tenant in settings.tenants):
+            groups = Path("tenants") / "node-groups"
+            self.add(groups / "admission.yaml", dump(tenancy.node_group_admission()))
+            self.add_kustomization(groups, ["admission.yaml"])
+            self.applications.append(self.application("tenants-node-groups", PLATFORM_PROJECT, None,
+                                                      path=str(self.root / groups)))
         kai = settings.kai_scheduler
         if kai.enabled:
             queues = Path("tenants") / "queues"

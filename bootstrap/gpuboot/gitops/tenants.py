@@ -7,9 +7,12 @@ container that asks for nothing still counts, Pod Security Admission on the name
 that never lets a tenant's groups change their own quota or limits."""
 from __future__ import annotations
 
-from gpuboot.config.model import PRIORITY_TIERS, Tenant
+from gpuboot.config.model import NODE_GROUP_LABEL_PREFIX, PRIORITY_TIERS, Tenant
 
 TENANT_LABEL = "gpuboot.io/tenant"
+# On a tenant's namespace: the node group its pods must select (Tenant.node_group).
+NODE_GROUP_LABEL = "gpuboot.io/node-group"
+NODE_GROUP_POLICY = "gpuboot-tenant-node-group"
 GPU = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
 # Highest first, P0 to P3; all below the system-* classes (2e9) the cluster's own pods use.
@@ -58,7 +61,37 @@ def namespace(tenant: Tenant, kubernetes_minor: str) -> dict:
         "pod-security.kubernetes.io/warn-version": kubernetes_minor,
         "pod-security.kubernetes.io/audit": "restricted",
         "pod-security.kubernetes.io/audit-version": kubernetes_minor,
+        **({NODE_GROUP_LABEL: tenant.node_group} if tenant.node_group else {}),
     }}}
+
+
+def node_group_admission() -> list[dict]:
+    """A pod in the namespace of a tenant bound to a node group must select that group's nodes
+    (nodeSelector node-group.gpuboot.io/<group>: "true", the label gpuboot puts on them): the API
+    server refuses any other, so no pod of the tenant lands on another group's GPUs."""
+    group = f"namespaceObject.metadata.labels['{NODE_GROUP_LABEL}']"
+    key = f"'{NODE_GROUP_LABEL_PREFIX}' + {group}"
+    managed = {"app.kubernetes.io/managed-by": "gpuboot"}
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": NODE_GROUP_POLICY, "labels": managed},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "namespaceSelector": {"matchExpressions": [{"key": NODE_GROUP_LABEL, "operator": "Exists"}]},
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                   "resources": ["pods"]}]},
+            "validations": [{
+                "expression": (f"has(object.spec.nodeSelector) && ({key}) in object.spec.nodeSelector && "
+                               f"object.spec.nodeSelector[{key}] == 'true'"),
+                "messageExpression": (f"'the pods of this tenant run on node group ' + {group} + "
+                                      f"': set spec.nodeSelector {{\"' + {key} + '\": \"true\"}}'"),
+                "reason": "Forbidden"}]}}
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": NODE_GROUP_POLICY, "labels": managed},
+        "spec": {"policyName": NODE_GROUP_POLICY, "validationActions": ["Deny"]}}
+    return [policy, binding]
 
 
 def role_bindings(tenant: Tenant) -> list[dict]:
