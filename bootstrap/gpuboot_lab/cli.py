@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from gpuboot.cli.main import App, pass_app
+from gpuboot.cli.core import App, pass_app
 
 LAB_INVENTORY = "inventories/lab/inventory.yml"
 VERSION_HELP = ("A Kubernetes version of the matrix; default: the one the lab inventory's release uses "

@@ -108,7 +108,7 @@ def test_a_closed_terminal_or_a_scheduler_ends_a_command_with_128_plus_the_signa
 
     import click
 
-    from gpuboot.cli.main import cli, register
+    from gpuboot.cli.core import cli, register
 
     @click.command("signal-me")
     def signal_me():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from gpuboot.cli.main import App, _mirror_preflight, _run, cli, inventory_arg, pass_app
+from gpuboot.cli.core import App, cli, inventory_arg, mirror_preflight, pass_app, run_phases
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import UsageError
 from gpuboot.phases.catalog import ETCD_RESTORE, ETCD_SNAPSHOT, NODE_REMOVE, RESET, UPGRADE
@@ -51,9 +51,9 @@ def upgrade(app: App, inventory: str, to_release: str, show_plan: bool, canary: 
     target = cluster.at_release(plan.to_release)
     phases = [p for p in UPGRADE if p.name in plan.phases]
     resume = f"gpuboot upgrade {inventory} --to {to_release} --resume"
-    _mirror_preflight(app, target, phases, skip_mirror_check)
+    mirror_preflight(app, target, phases, skip_mirror_check)
     state = app.cluster_state(cluster)
-    _run(app, target, phases, output, check=False, diff=False, force=True,
+    run_phases(app, target, phases, output, check=False, diff=False, force=True,
          host_key_checking=not insecure_skip_host_key_check, command="upgrade",
          extravars={"gpuboot_upgrade": plan.as_data() | {"resume_command": resume},
                     "gpuboot_etcd_snapshot_dir": str(state.root / "etcd-snapshots")},
@@ -101,7 +101,7 @@ def etcd_snapshot(app: App, inventory: str, insecure_skip_host_key_check: bool, 
     cluster = load_cluster(inventory, check_files=True)
     folder = app.cluster_state(cluster).root / "etcd-snapshots"
     before = set(folder.glob("*.db"))
-    _run(app, cluster, list(ETCD_SNAPSHOT), output, check=False, diff=False, force=True,
+    run_phases(app, cluster, list(ETCD_SNAPSHOT), output, check=False, diff=False, force=True,
          host_key_checking=not insecure_skip_host_key_check, command="etcd snapshot",
          extravars={"gpuboot_etcd_snapshot_dir": str(folder)},
          resume_hint=f"gpuboot etcd snapshot {inventory}")
@@ -134,7 +134,7 @@ def etcd_restore(app: App, inventory: str, snapshot: str, confirmed: bool, insec
         raise UsageError(f"{path} is readable by others ({oct(stat.S_IMODE(path.stat().st_mode))}): an etcd "
                          "snapshot holds every Secret of the cluster", hint=f"chmod 600 {path}")
     cluster = load_cluster(inventory, check_files=True)
-    _run(app, cluster, list(ETCD_RESTORE), output, check=False, diff=False, force=True,
+    run_phases(app, cluster, list(ETCD_RESTORE), output, check=False, diff=False, force=True,
          host_key_checking=not insecure_skip_host_key_check, command="etcd restore",
          extravars={"gpuboot_etcd_restore": {"snapshot": str(path)}},
          resume_hint=f"gpuboot etcd restore {inventory} {snapshot} --yes-replace-the-cluster-state")
@@ -162,8 +162,8 @@ def node_add(app: App, inventory: str, hosts: tuple[str, ...], insecure_skip_hos
     from gpuboot import nodes
     cluster = load_cluster(inventory, check_files=True)
     change = nodes.add(cluster, hosts)
-    _mirror_preflight(app, cluster, change.phases, skip_mirror_check)
-    _run(app, cluster, list(change.phases), output, check=False, diff=False, force=False,
+    mirror_preflight(app, cluster, change.phases, skip_mirror_check)
+    run_phases(app, cluster, list(change.phases), output, check=False, diff=False, force=False,
          host_key_checking=not insecure_skip_host_key_check, command="node add", limit=change.limit,
          unlimited=change.unlimited, resume_hint=f"gpuboot node add {inventory} {' '.join(hosts)}")
 
@@ -188,7 +188,7 @@ def node_remove(app: App, inventory: str, host: str, confirmed: bool, unreachabl
     cluster = load_cluster(inventory, check_files=True)
     via, data = nodes.remove(cluster, host, reachable=not unreachable)
     data["drain_timeout"] = drain_timeout
-    _run(app, cluster, list(NODE_REMOVE), output, check=False, diff=False, force=True,
+    run_phases(app, cluster, list(NODE_REMOVE), output, check=False, diff=False, force=True,
          host_key_checking=not insecure_skip_host_key_check, command="node remove",
          extravars={"gpuboot_node_remove": data}, limit=(via,) if unreachable else (via, host),
          resume_hint=f"gpuboot node remove {inventory} {host} --yes-remove-it")
@@ -213,7 +213,7 @@ def reset(app: App, inventory: str, confirmed: bool, insecure_skip_host_key_chec
                               f"gpuboot reset {inventory} --yes-destroy-the-cluster")
     cluster = load_cluster(inventory, check_files=True)
     state = app.cluster_state(cluster)
-    _run(app, cluster, list(RESET), output, check=False, diff=False, force=True,
+    run_phases(app, cluster, list(RESET), output, check=False, diff=False, force=True,
          host_key_checking=not insecure_skip_host_key_check, command="reset",
          resume_hint=f"gpuboot reset {inventory} --yes-destroy-the-cluster")
     # The admin credentials of a cluster that is gone.

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from gpuboot.cli.main import App, cli, inventory_arg, pass_app
+from gpuboot.cli.core import App, cli, inventory_arg, pass_app
 from gpuboot.config.loader import load_cluster
 
 

@@ -10,47 +10,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
-from rich.console import Console
 
-from gpuboot import __version__
+from gpuboot.cli.core import App, cli, inventory_arg, mirror_preflight, pass_app, run_phases
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import GpubootError, Interrupted, UsageError
 from gpuboot.phases.catalog import UP
 from gpuboot.phases.select import Selection, select
-from gpuboot.state import ClusterState, state_root
 
-
-class App:
-    def __init__(self, state_dir: str | None) -> None:
-        self.explicit_state_dir = state_dir
-        # The lab's own files (no inventory yet): --state-dir, GPUBOOT_STATE_DIR or ./.gpuboot.
-        self.state_dir = state_root(state_dir)
-        # Never wrap: output to a pipe or a file keeps each message on its line.
-        self.console = Console(highlight=False, soft_wrap=True)
-        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-    def cluster_state(self, cluster) -> ClusterState:
-        """A cluster's state lives beside its inventory (<inventory dir>/.gpuboot/<cluster>), so
-        every operator using that inventory, from any directory, shares runs and the lock;
-        --state-dir or GPUBOOT_STATE_DIR moves the root."""
-        root = state_root(self.explicit_state_dir, default=Path(cluster.inventory).resolve().parent / ".gpuboot")
-        return ClusterState.for_cluster(root, cluster.settings.cluster_name)
-
-
-pass_app = click.make_pass_decorator(App)
 # `render` lists files one by one up to this many; beyond, it says how many.
 RENDER_LISTED_FILES = 200
-inventory_arg = click.argument("inventory", type=click.Path(dir_okay=False))
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="gpuboot")
-@click.option("--state-dir", envvar="GPUBOOT_STATE_DIR", default=None,
-              help="Where runs and state are kept (default: .gpuboot beside the inventory).")
-@click.pass_context
-def cli(ctx: click.Context, state_dir: str | None) -> None:
-    """Bare-metal GPU Kubernetes clusters from an Ansible inventory."""
-    ctx.obj = App(state_dir)
 
 
 @cli.command()
@@ -111,7 +79,7 @@ def plan(app: App, inventory: str, from_phase, to_phase, only, skip, check: bool
             for node, lines in row.get("demands", {}).items():
                 app.console.print(f"    demands of {node}: " + "; ".join(lines), markup=False)
     if check:
-        _run(app, cluster, phases, output, check=True, diff=True, force=True,
+        run_phases(app, cluster, phases, output, check=True, diff=True, force=True,
              host_key_checking=not insecure_skip_host_key_check, command="plan --check")
 
 
@@ -130,8 +98,8 @@ def up(app: App, inventory: str, from_phase, to_phase, only, skip, force: bool,
     """Bring a cluster to the desired state. Safe to re-run: that is the resume."""
     cluster = load_cluster(inventory, check_files=True)
     phases = select(UP, Selection(from_phase, to_phase, tuple(only), tuple(skip)))
-    _mirror_preflight(app, cluster, phases, skip_mirror_check)
-    _run(app, cluster, phases, output, check=False, diff=False, force=force,
+    mirror_preflight(app, cluster, phases, skip_mirror_check)
+    run_phases(app, cluster, phases, output, check=False, diff=False, force=force,
          host_key_checking=not insecure_skip_host_key_check, command="up", verbosity=verbose)
 
 
@@ -147,7 +115,7 @@ def verify(app: App, inventory: str, insecure_skip_host_key_check: bool, output:
     report = app.cluster_state(cluster).root / "validate.json"
     report.unlink(missing_ok=True)  # what is printed below is this run's, or nothing
     try:
-        _run(app, cluster, select(UP, Selection(None, None, ("validate",), ())), output, check=False, diff=False,
+        run_phases(app, cluster, select(UP, Selection(None, None, ("validate",), ())), output, check=False, diff=False,
              force=True, host_key_checking=not insecure_skip_host_key_check, command="verify")
     finally:
         if report.is_file():
@@ -166,36 +134,6 @@ def _print_report(app: App, report: dict, output: str) -> None:
         table.add_row(row["node"], row["check"], str(row["want"]), str(row["got"]),
                       "[green]ok[/]" if row["ok"] else "[red]SHORT[/]", row["reason"])
     app.console.print(table)
-
-
-def _mirror_preflight(app: App, cluster, phases, skip: bool) -> None:
-    """Air gap: every artifact the cluster needs is in the mirror before a node pulls."""
-    from gpuboot.mirror.preflight import check_mirror, needed
-    if not needed(cluster, phases):
-        return
-    if skip:
-        app.err.print("[yellow]warning: the air-gap mirror was not checked (--skip-mirror-check)[/]")
-        return
-    count = check_mirror(cluster, phases)
-    app.err.print(f"mirror {cluster.settings.mirror.registry} holds all {count} artifacts these phases need")
-
-
-def _run(app: App, cluster, phases, output: str, *, check: bool, diff: bool, force: bool,
-         host_key_checking: bool, command: str, verbosity: int = 0, extravars: dict | None = None,
-         resume_hint: str | None = None, limit: tuple[str, ...] = (), unlimited: tuple[str, ...] = ()) -> None:
-    from gpuboot.phases.engine import Engine, RunOptions, raise_for
-    from gpuboot.ui.console import ConsoleProgress, JsonLines
-    if not host_key_checking:
-        app.err.print("[yellow]warning: SSH host-key checking is OFF for this run "
-                      "(--insecure-skip-host-key-check)[/]")
-    sink = JsonLines() if output == "json" else ConsoleProgress(app.console)
-    state = app.cluster_state(cluster)
-    options = RunOptions(command=command, check=check, diff=diff, force=force,
-                         host_key_checking=host_key_checking, verbosity=verbosity, extravars=extravars or {},
-                         limit=limit, unlimited=unlimited,
-                         **({"resume_hint": resume_hint} if resume_hint else {}))
-    finished = Engine(cluster, state, options, sink).run(phases)
-    raise_for(finished)
 
 
 @cli.command()
@@ -357,7 +295,3 @@ def run(argv: list[str] | None = None) -> int:
 
 def main() -> None:
     sys.exit(run())
-
-
-def register(command: click.Command) -> None:
-    cli.add_command(command)

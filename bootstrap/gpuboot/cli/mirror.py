@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from gpuboot.cli.main import App, cli, pass_app
+from gpuboot.cli.core import App, cli, pass_app
 from gpuboot.errors import UsageError
 
 
