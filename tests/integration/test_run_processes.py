@@ -147,14 +147,16 @@ def _serving(tmp_path: Path) -> tuple[subprocess.Popen, int]:
                                 "--packages-dir", str(packages), "--packages-listen", "127.0.0.1:45124"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                cwd=tmp_path)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        children = subprocess.run(["pgrep", "-P", str(gpuboot.pid)], capture_output=True, text=True).stdout.split()
-        if children and gpuboot.poll() is None:
-            return gpuboot, int(children[0])
-        assert gpuboot.poll() is None, gpuboot.stdout.read()
-        time.sleep(0.2)
-    raise AssertionError("the registry did not start")
+    # Ready once it says where it serves (the registry answers by then).
+    said = []
+    for line in gpuboot.stdout:
+        said.append(line)
+        if line.startswith("serving "):
+            break
+    assert gpuboot.poll() is None, "".join(said)
+    children = subprocess.run(["pgrep", "-P", str(gpuboot.pid)], capture_output=True, text=True).stdout.split()
+    assert children, f"no registry under gpuboot: {''.join(said)}"
+    return gpuboot, int(children[0])
 
 
 def _gone(pid: int, seconds: float = 10) -> bool:

@@ -229,12 +229,13 @@ def mirror_serve(root, listen, names, tls_cert, tls_key, credentials_file, packa
         _announce(spec, tls_cert)
         argv = command(config)
         os.execv(argv[0], argv)
-    running = start(spec)
     # `kill PID` (or `gpuboot lab down`) and a closed terminal must stop the registry too: it
     # runs in its own session, so turn SIGTERM and SIGHUP into an exit that runs the cleanup
-    # below. (A SIGKILL reaches it through the kernel: serve._end_with_parent.)
+    # below; set before the registry starts, so no signal finds the default action. (A
+    # SIGKILL, or a signal while it starts, reaches it through the kernel: serve._end_with_parent.)
     for stop in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, lambda signum, frame: sys.exit(0))
+    running = start(spec)
     _announce(spec, tls_cert)
     click.echo(f"packages: {'https' if spec.tls else 'http'}://{packages_listen}/<os id>/ from {packages_dir}")
     try:

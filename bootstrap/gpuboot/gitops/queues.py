@@ -27,7 +27,7 @@ import re
 from decimal import Decimal
 
 from gpuboot.config.model import QUANTITY, KaiScheduler, Tenant
-from gpuboot.gitops.tenants import TENANT_LABEL
+from gpuboot.gitops.tenants import TENANT_LABEL, admission_policy
 
 QUEUE_API = "scheduling.run.ai/v2"
 QUEUE_LABEL = "kai.scheduler/queue"
@@ -94,31 +94,23 @@ def queue_admission() -> list[dict]:
     """A tenant's objects name no queue but its own (checked by the API server on every create
     and update in a namespace labelled as a tenant's; objects without the label pass)."""
     label = QUEUE_LABEL
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/managed-by": "gpuboot"}},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "namespaceSelector": {"matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]},
-                "resourceRules": [{"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
-                                   "resources": ["*"]}]},
-            # Cluster-scoped objects are never skipped by a namespace selector: only namespaced ones are
-            # judged. A cluster-scoped request has no namespace key at all, and a condition that errors
-            # falls to failurePolicy (Fail): every cluster-scoped write would be refused.
-            "matchConditions": [{"name": "namespaced",
-                                 "expression": "has(request.namespace) && request.namespace != ''"}],
-            "validations": [{
-                "expression": (f"!has(object.metadata.labels) || !('{label}' in object.metadata.labels) || "
-                               f"object.metadata.labels['{label}'] == namespaceObject.metadata.labels['{TENANT_LABEL}']"),
-                "messageExpression": (f"'{label} may only name the queue of tenant ' + "
-                                      f"namespaceObject.metadata.labels['{TENANT_LABEL}']"),
-                "reason": "Forbidden"}]}}
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/managed-by": "gpuboot"}},
-        "spec": {"policyName": POLICY_NAME, "validationActions": ["Deny"]}}
-    return [policy, binding]
+    return admission_policy(POLICY_NAME, {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "namespaceSelector": {"matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]},
+            "resourceRules": [{"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+                               "resources": ["*"]}]},
+        # Cluster-scoped objects are never skipped by a namespace selector: only namespaced ones are
+        # judged. A cluster-scoped request has no namespace key at all, and a condition that errors
+        # falls to failurePolicy (Fail): every cluster-scoped write would be refused.
+        "matchConditions": [{"name": "namespaced",
+                             "expression": "has(request.namespace) && request.namespace != ''"}],
+        "validations": [{
+            "expression": (f"!has(object.metadata.labels) || !('{label}' in object.metadata.labels) || "
+                           f"object.metadata.labels['{label}'] == namespaceObject.metadata.labels['{TENANT_LABEL}']"),
+            "messageExpression": (f"'{label} may only name the queue of tenant ' + "
+                                  f"namespaceObject.metadata.labels['{TENANT_LABEL}']"),
+            "reason": "Forbidden"}]})
 
 
 def kai_values(kai_release: dict) -> dict:

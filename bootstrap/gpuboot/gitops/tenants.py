@@ -65,33 +65,34 @@ def namespace(tenant: Tenant, kubernetes_minor: str) -> dict:
     }}}
 
 
+def admission_policy(name: str, spec: dict) -> list[dict]:
+    """A ValidatingAdmissionPolicy of gpuboot's and the binding that makes it deny."""
+    def meta() -> dict:
+        return {"name": name, "labels": {"app.kubernetes.io/managed-by": "gpuboot"}}
+    return [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+             "metadata": meta(), "spec": spec},
+            {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+             "metadata": meta(), "spec": {"policyName": name, "validationActions": ["Deny"]}}]
+
+
 def node_group_admission() -> list[dict]:
     """A pod in the namespace of a tenant bound to a node group must select that group's nodes
     (nodeSelector node-group.gpuboot.io/<group>: "true", the label gpuboot puts on them): the API
     server refuses any other, so no pod of the tenant lands on another group's GPUs."""
     group = f"namespaceObject.metadata.labels['{NODE_GROUP_LABEL}']"
     key = f"'{NODE_GROUP_LABEL_PREFIX}' + {group}"
-    managed = {"app.kubernetes.io/managed-by": "gpuboot"}
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": NODE_GROUP_POLICY, "labels": managed},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "namespaceSelector": {"matchExpressions": [{"key": NODE_GROUP_LABEL, "operator": "Exists"}]},
-                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                                   "resources": ["pods"]}]},
-            "validations": [{
-                "expression": (f"has(object.spec.nodeSelector) && ({key}) in object.spec.nodeSelector && "
-                               f"object.spec.nodeSelector[{key}] == 'true'"),
-                "messageExpression": (f"'the pods of this tenant run on node group ' + {group} + "
-                                      f"': set spec.nodeSelector {{\"' + {key} + '\": \"true\"}}'"),
-                "reason": "Forbidden"}]}}
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": NODE_GROUP_POLICY, "labels": managed},
-        "spec": {"policyName": NODE_GROUP_POLICY, "validationActions": ["Deny"]}}
-    return [policy, binding]
+    return admission_policy(NODE_GROUP_POLICY, {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "namespaceSelector": {"matchExpressions": [{"key": NODE_GROUP_LABEL, "operator": "Exists"}]},
+            "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                               "resources": ["pods"]}]},
+        "validations": [{
+            "expression": (f"has(object.spec.nodeSelector) && ({key}) in object.spec.nodeSelector && "
+                           f"object.spec.nodeSelector[{key}] == 'true'"),
+            "messageExpression": (f"'the pods of this tenant run on node group ' + {group} + "
+                                  f"': set spec.nodeSelector {{\"' + {key} + '\": \"true\"}}'"),
+            "reason": "Forbidden"}]})
 
 
 def role_bindings(tenant: Tenant) -> list[dict]:
