@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 bash bootstrap/setup.sh
 gpuboot=.venv/bin/gpuboot
 inventory=inventories/lab/inventory.yml
-release=k8s-1.34
+release=k8s-1.36
 version=$(.venv/bin/python -c "from gpuboot import matrix; print(matrix.load('$release').kubernetes.version)")
 "$gpuboot" lab kubernetes build --version "$version"
 bundle=.gpuboot/_lab/bundle-$version

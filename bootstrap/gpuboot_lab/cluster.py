@@ -35,7 +35,7 @@ class LabSpec:
     # plain: unprivileged systemd nodes | containerd: privileged, own /var/lib/containerd |
     # kubernetes: kind's node settings, for kubelet and real kubeadm (privileged, own /var)
     flavour: str = "plain"
-    release: str = "k8s-1.34"
+    release: str = "k8s-1.36"
 
     def nodes(self) -> list[tuple[str, str]]:
         """(host name, group) in inventory order."""

@@ -165,7 +165,7 @@ class VmLab:
             "vars": {
                 "ansible_python_interpreter": "/usr/bin/python3",
                 "ansible_ssh_extra_args": f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes",
-                "gpuboot": {"cluster_name": state.name, "release": "k8s-1.34",
+                "gpuboot": {"cluster_name": state.name, "release": "k8s-1.36",
                             "control_plane": {"vip": "10.213.250.250"},
                             "ssh": {"user": "root", "private_key_file": str(self._key())}},
             },

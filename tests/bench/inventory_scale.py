@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-SETTINGS = {"cluster_name": "scale", "release": "k8s-1.34", "control_plane": {"vip": "10.0.0.100"},
+SETTINGS = {"cluster_name": "scale", "release": "k8s-1.36", "control_plane": {"vip": "10.0.0.100"},
             "networking": {"pod_cidr": "10.244.0.0/16", "service_cidr": "10.96.0.0/12"},
             "node_os": {"id": "ubuntu-22.04", "kernels": ["5.15.0-1048-nvidia"]}}
 NODE = {"gpu": {"count": 8, "time_slicing_replicas": 4},

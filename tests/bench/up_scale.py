@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 GPUBOOT = Path(sys.executable).parent / "gpuboot"
-RELEASE = "k8s-1.34"
+RELEASE = "k8s-1.36"
 LAB = "bench"
 NODE_PREP = ("preflight", "os_prep", "container_runtime", "kube_packages")
 # Runs gpuboot in this child and reports its own CPU apart from its children's (Ansible).

@@ -157,7 +157,7 @@ def test_calico_installation_from_the_inventory(rendered):
     assert network["ipPools"][0]["cidr"] == "10.244.0.0/16"
     assert network["nodeAddressAutodetectionV4"] == {"kubernetes": "NodeInternalIP"}
     # Registry and path set in full, from the matrix's images (a partial override pulls upstream).
-    release = matrix.load("k8s-1.35")
+    release = matrix.load("k8s-1.36")
     node_image = next(i for i in release.images["calico"] if "/node:" in i)
     assert node_image.startswith(values["installation"]["registry"] + values["installation"]["imagePath"] + "/")
     operator = values["tigeraOperator"]

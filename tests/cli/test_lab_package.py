@@ -37,8 +37,8 @@ def test_gpuboot_lab_is_registered_through_the_entry_point(capsys):
 def test_lab_kubernetes_defaults_to_the_lab_inventorys_release(tmp_path):
     from gpuboot_lab.cli import _version
     inventory = tmp_path / "inventory.yml"
-    inventory.write_text("all:\n  vars:\n    gpuboot: {cluster_name: lab, release: k8s-1.34, control_plane: {vip: 10.0.0.1}}\n"
+    inventory.write_text("all:\n  vars:\n    gpuboot: {cluster_name: lab, release: k8s-1.36, control_plane: {vip: 10.0.0.1}}\n"
                          "  children:\n    control_plane: {hosts: {cp1: {ansible_host: 10.0.0.11}}}\n")
-    assert _version(None, str(inventory)) == matrix.load("k8s-1.34").kubernetes.version
+    assert _version(None, str(inventory)) == matrix.load("k8s-1.36").kubernetes.version
     assert _version("v1.35.4", str(inventory)) == "v1.35.4"  # an explicit version wins
     assert _version(None, str(tmp_path / "absent.yml")) is None  # no lab inventory: the newest

@@ -43,7 +43,7 @@ def shared_networks(root: Path) -> Path:
     (root / "host_vars").mkdir(parents=True)
     (root / "group_vars").mkdir()
     (root / "group_vars" / "all.yml").write_text(yaml.safe_dump({"gpuboot": {
-        "cluster_name": "shared", "release": "k8s-1.34", "control_plane": {"vip": "10.0.0.100"},
+        "cluster_name": "shared", "release": "k8s-1.36", "control_plane": {"vip": "10.0.0.100"},
         "node_os": {"id": "ubuntu-22.04", "kernels": ["5.15.0-1048-nvidia"], "architectures": ["amd64", "arm64"]}}}))
     for name, node in (("ib1", IB_NODE), ("ib2", IB_NODE), ("roce1", ROCE_NODE)):
         (root / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump({"gpuboot_node": node}))

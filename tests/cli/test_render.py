@@ -48,7 +48,7 @@ def test_external_endpoint_port_is_the_models_in_the_rendered_kubeadm_config(tmp
     inventory.write_text(
         "all:\n"
         "  vars:\n"
-        "    gpuboot: {cluster_name: ext, release: k8s-1.34,\n"
+        "    gpuboot: {cluster_name: ext, release: k8s-1.36,\n"
         "              control_plane: {vip: 10.0.0.100, mode: external}, networking: {cni: bridge}}\n"
         "  children:\n"
         "    control_plane: {hosts: {cp1: {ansible_host: 10.0.0.11}}}\n")

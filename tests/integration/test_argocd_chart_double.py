@@ -13,7 +13,7 @@ from gpuboot import matrix
 from gpuboot_lab.helm import HelmBuild
 from tests.support.argocd_chart import package
 
-RELEASE = matrix.entry("k8s-1.35")
+RELEASE = matrix.entry("k8s-1.36")
 VALUES = {"global": {"image": {"repository": "quay.io/argoproj/argocd", "tag": RELEASE["argocd"]["version"]}},
           "redis": {"image": {"repository": "public.ecr.aws/docker/library/redis", "tag": "7.2.8-alpine"}},
           "dex": {"enabled": False},

@@ -213,7 +213,7 @@ def test_argocd_objects_pass_argocds_own_schema(api, tmp_path: Path):
     its Go module at the matrix's version): a field Argo CD does not know is refused."""
     from gpuboot import matrix
     from gpuboot_lab.argocd import crds
-    version = matrix.load("k8s-1.35").model_extra["argocd"]["version"]
+    version = matrix.load("k8s-1.36").model_extra["argocd"]["version"]
     for crd in crds(version):
         api.kubectl("apply", "--server-side", "-f", str(crd))
     for crd in ("applications.argoproj.io", "appprojects.argoproj.io"):

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "tests" / "doubles" / "charts" / "gpu-operator" / "crds" / "nvidia.com_clusterpolicies.yaml"
 OS_TAGS = {"g1": "ubuntu22.04", "g2": "ubuntu22.04", "g3": "ubuntu24.04", "g4": "ubuntu22.04"}
-RESUME = "gpuboot upgrade inventory.yml --to k8s-1.35 --resume"
+RESUME = "gpuboot upgrade inventory.yml --to k8s-1.37 --resume"
 
 
 def follow(api, tmp_path, namespace: str, nodes: dict[str, str], timeout: int = 120) -> subprocess.CompletedProcess[str]:

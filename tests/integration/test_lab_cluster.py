@@ -4,7 +4,7 @@ images and the .debs), imported with `mirror import` and installed and pulled by
 through an air-gapped mirror exactly as in production; `gpuboot up` runs real keepalived/haproxy, `kubeadm init`, two control-plane joins
 and two worker joins behind the VIP, and the bridge CNI; every node becomes Ready. A
 second `up` changes nothing. Then `gpuboot upgrade` takes it to the next release of the matrix
-for real (1.34 -> 1.35, through the same mirror) while a probe reads through the VIP every 200 ms
+for real (1.36 -> 1.37, through the same mirror) while a probe reads through the VIP every 200 ms
 and a Deployment keeps its PodDisruptionBudget. Last, the VIP holder is stopped and the API still
 answers through the VIP.
 
@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 NAME = "kcluster"
 SUBNET = "10.213.82.0/24"
-RELEASE = "k8s-1.34"  # the lab inventory's
+RELEASE = "k8s-1.36"  # the lab inventory's
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +235,7 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_converges_and_repairs(cluster,
 
 
 
-UPGRADE_TO = "k8s-1.35"
+UPGRADE_TO = "k8s-1.37"
 WORKLOAD = """
 apiVersion: v1
 kind: Namespace

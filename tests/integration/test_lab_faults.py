@@ -41,8 +41,8 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 NAME = "kfault"
 SUBNET = "10.213.87.0/24"
-RELEASE = "k8s-1.34"
-UPGRADE_TO = "k8s-1.35"
+RELEASE = "k8s-1.36"
+UPGRADE_TO = "k8s-1.37"
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL_PLANES = [f"{NAME}-cp1", f"{NAME}-cp2", f"{NAME}-cp3"]
 NODES = [*CONTROL_PLANES, f"{NAME}-w1"]

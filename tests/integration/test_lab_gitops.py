@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 NAME = "gitops"
 SUBNET = "10.213.86.0/24"
-RELEASE = "k8s-1.34"
+RELEASE = "k8s-1.36"
 GIT_PORT = 2222
 # One GPU worker, time-sliced: 2 L40S x 4 replicas = 8 nvidia.com/gpu for the tenants' quotas.
 GPU_NODE = f"{NAME}-gpu1"

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 NAME = "gstack"
 SUBNET = "10.213.83.0/24"
-RELEASE = "k8s-1.34"
+RELEASE = "k8s-1.36"
 GPU_NODES = {
     f"{NAME}-gpu1": ({"os": "debian-12", "gpu": {"model": "L40S-48GB", "count": 2, "driver": "preinstalled",
                                                  "time_slicing_replicas": 4}},

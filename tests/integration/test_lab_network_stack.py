@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 NAME = "nstack"
 SUBNET = "10.213.84.0/24"
-RELEASE = "k8s-1.34"
+RELEASE = "k8s-1.36"
 HGX = f"{NAME}-w1"
 DOUBLE_ROOT = "/srv/gpuboot-double"
 FABRIC = [f"ens{i}f0np0" for i in range(1, 9)]

@@ -56,7 +56,7 @@ def _package_sources(directory: Path, release: str) -> Path:
 
 def test_nodes_pull_original_names_through_the_mirror_only(airgap_lab, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
-    release = "k8s-1.34"  # the lab inventory's
+    release = "k8s-1.36"  # the lab inventory's
     upstream = start_upstream(tmp_path / "upstream", base=release)
     gateway = str(next(ip_network(SUBNET).hosts()))
     creds = tmp_path / "secrets" / "mirror.json"

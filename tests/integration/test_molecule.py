@@ -57,7 +57,7 @@ def test_a_scenario_is_reused_only_while_its_inputs_are_unchanged(tmp_path, monk
     assert before != molecule.scenario_key("os_prep", "localhost/gpuboot-node:abc")
     # The shared config (driver, platforms, test sequence), a release file the scenario reads,
     # a variable molecule or Ansible reads: each is an input.
-    release = copy / "mirror" / "releases" / "k8s-1.35.yml"
+    release = copy / "mirror" / "releases" / "k8s-1.36.yml"
     for edit, role in ((copy / ".config" / "molecule" / "config.yml", "os_prep"), (release, "kube_packages")):
         before = molecule.scenario_key(role, "localhost/gpuboot-node:abc")
         edit.write_text(edit.read_text() + "\n# changed\n")

@@ -21,7 +21,7 @@ from tests.integration.conftest import edit_inventory, ssh
 pytestmark = pytest.mark.lab
 
 ROOT = Path(__file__).resolve().parents[2]
-RELEASE = yaml.safe_load((ROOT / "mirror" / "releases" / "k8s-1.34.yml").read_text())["gpuboot_release"]
+RELEASE = yaml.safe_load((ROOT / "mirror" / "releases" / "k8s-1.36.yml").read_text())["gpuboot_release"]
 DEBIAN = RELEASE["os"]["debian-12"]
 STANDIN = (ROOT / "tests" / "doubles" / "kube_packages" / "standin_repo.py").read_text()
 TOOLKIT_DROPIN = """# stand-in for the NVIDIA container toolkit's drop-in (same shape)

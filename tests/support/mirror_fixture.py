@@ -43,7 +43,7 @@ def signing_key(home: Path, email: str = "mirror@gpuboot.invalid") -> str:
 
 
 def start_upstream(root: Path, images: dict[str, str] = LAB_IMAGES, padding: int = 0,
-                   release: str = "lab-test", base: str = "k8s-1.35") -> Upstream:
+                   release: str = "lab-test", base: str = "k8s-1.36") -> Upstream:
     binaries = busybox_binaries(IMAGE_CACHE)
     layout = root / "layout"
     for index, image_id in enumerate(images.values()):
@@ -58,7 +58,7 @@ def start_upstream(root: Path, images: dict[str, str] = LAB_IMAGES, padding: int
 
 
 def write_release(path: Path, name: str, images: list[str], charts: dict | None = None,
-                  base: str = "k8s-1.35") -> None:
+                  base: str = "k8s-1.36") -> None:
     """A release file like the shipped `base`, with only the given images and charts."""
     text = (ROOT / "mirror" / "releases" / f"{base}.yml").read_text()
     text = text.replace(f"name: {base}", f"name: {name}")

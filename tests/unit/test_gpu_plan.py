@@ -17,7 +17,7 @@ SAMPLE = ROOT / "inventories" / "sample" / "inventory.yml"
 SETTINGS = """\
 gpuboot:
   cluster_name: lab
-  release: k8s-1.35
+  release: k8s-1.36
   control_plane: {vip: 10.0.0.100}
   node_os: {id: ubuntu-22.04, kernels: [5.15.0-1048-nvidia]}
   drivers: {precompiled: true}

@@ -31,7 +31,7 @@ CASES = [
     (("gitops", "branch"), "main\n--force", "gpuboot.gitops.branch"),
     (("gitops", "path"), "../../etc", "gpuboot.gitops.path"),
     (("tenants", 0, "groups"), ['team"}], "kind": "ClusterRoleBinding'], "gpuboot.tenants[0].groups[0]"),
-    (("release",), "k8s-1.34\nextra: 1", "gpuboot.release"),
+    (("release",), "k8s-1.36\nextra: 1", "gpuboot.release"),
     (("ignored_hosts",), ["storage; id"], "gpuboot.ignored_hosts[0]"),
 ]
 

@@ -57,7 +57,7 @@ all:
   vars:
     gpuboot:
       cluster_name: g
-      release: k8s-1.34
+      release: k8s-1.36
       control_plane: {vip: 10.0.0.100}
     shared: &nic {name: fabric, pf_names: [ens1f0np0], num_vfs: 8, link_type: ib, resource_name: nvidia.com/fabric}
   children:

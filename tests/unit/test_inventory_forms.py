@@ -55,7 +55,7 @@ def write(tmp_path: Path, files: dict[str, str]) -> Path:
 SETTINGS = """\
     gpuboot:
       cluster_name: g
-      release: k8s-1.34
+      release: k8s-1.36
       control_plane: {vip: 10.0.0.100}
     """
 

@@ -77,10 +77,10 @@ def test_the_parent_queue_sums_its_children_and_every_tenant_hangs_under_it():
 
 
 def test_kai_values_pin_the_matrix_images_and_create_no_default_queue():
-    kai = matrix.load("k8s-1.35").model_extra["kai_scheduler"]
+    kai = matrix.load("k8s-1.36").model_extra["kai_scheduler"]
     values = queues.kai_values(kai)
     assert values["defaultQueue"] == {"createDefaultQueue": False}
-    planned = matrix.load("k8s-1.35").component_images("kai_scheduler")
+    planned = matrix.load("k8s-1.36").component_images("kai_scheduler")
     # Every image the chart's values name is <registry>/<name>:<tag>, and the mirror plans each.
     assert planned and all(ref.startswith(values["global"]["registry"] + "/") and
                            ref.endswith(":" + values["global"]["tag"]) for ref in planned)
@@ -98,4 +98,4 @@ def test_the_mirror_plans_kai_only_for_a_cluster_that_turns_it_on():
         assert set(release.component_images("kai_scheduler")) <= images if wanted else \
             not set(release.component_images("kai_scheduler")) & images
     # Without a cluster, only what every cluster needs.
-    assert "kai-scheduler" not in {c.name for c in mirror_plan.build(matrix.load("k8s-1.34")).charts}
+    assert "kai-scheduler" not in {c.name for c in mirror_plan.build(matrix.load("k8s-1.36")).charts}

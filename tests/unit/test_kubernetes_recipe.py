@@ -57,7 +57,7 @@ def test_versions_come_from_the_matrix():
     assert kb.resolve_version(None) == max(kb.matrix_versions(), key=lambda v: [int(p) for p in v[1:].split(".")])
     with pytest.raises(LabError, match="not in the version matrix") as info:
         kb.resolve_version("v1.20.0")
-    assert "v1.34.4" in str(info.value.hint) and "v1.35.4" in str(info.value.hint)
+    assert "v1.36.3" in str(info.value.hint) and "v1.37.2" in str(info.value.hint)
 
 
 def test_the_cache_key_changes_with_the_recipe(tmp_path, monkeypatch):
@@ -70,5 +70,5 @@ def test_the_cache_key_changes_with_the_recipe(tmp_path, monkeypatch):
 
 def test_path_names_the_build_command_when_nothing_is_built(tmp_path):
     with pytest.raises(LabError) as info:
-        kb.KubernetesBuild(cache_dir=tmp_path, log=lambda m: None).path("v1.34.4")
-    assert "gpuboot lab kubernetes build --version v1.34.4" in str(info.value.hint)
+        kb.KubernetesBuild(cache_dir=tmp_path, log=lambda m: None).path("v1.36.3")
+    assert "gpuboot lab kubernetes build --version v1.36.3" in str(info.value.hint)

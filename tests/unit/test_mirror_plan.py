@@ -46,7 +46,7 @@ def test_sample_plan_lists_the_runtime_resolved_driver_images():
 
 
 def test_container_drivers_plan_the_generic_image_and_headers_per_kernel():
-    release = matrix.load("k8s-1.35")
+    release = matrix.load("k8s-1.36")
     nodes = (NodeTarget("ubuntu-22.04", "ubuntu22.04", ("5.15.0-127-generic",), gpu_driver="container"),
              NodeTarget("ubuntu-22.04", "ubuntu22.04", ("5.15.0-130-generic",), gpu_driver="container"),
              NodeTarget("ubuntu-24.04", "ubuntu24.04", ("6.8.0-52-generic",), gpu_driver="preinstalled"))
@@ -77,7 +77,7 @@ def test_kubernetes_images_are_kubeadms_list_for_the_version(release_name):
 
 
 def test_architectures_and_kernels_multiply_the_doca_images():
-    release = matrix.load("k8s-1.35")
+    release = matrix.load("k8s-1.36")
     nodes = tuple(NodeTarget("ubuntu-24.04", "ubuntu24.04", (kernel,), ("amd64", "arm64"), rdma=True, precompiled=True)
                   for kernel in ("6.8.0-31-generic", "6.8.0-49-generic"))
     plan = build(release, Target(nodes))
@@ -91,7 +91,7 @@ def test_architectures_and_kernels_multiply_the_doca_images():
 
 
 def test_os_minor_reaches_the_driver_tag():
-    release = matrix.load("k8s-1.35")
+    release = matrix.load("k8s-1.36")
     assert release.os_for("rhel-9.4")[::2] == ("rhel-9", "rhel9.4")
     assert release.os_for("ubuntu-22.04")[2] == "ubuntu22.04"
     with pytest.raises(MatrixError, match="tagged per minor release"):
@@ -123,7 +123,7 @@ def test_node_os_must_be_in_the_release_and_precompiled_needs_kernels(tmp_path):
     with pytest.raises(InventoryError) as err:
         load_cluster(path)
     text = str(err.value)
-    assert "gpuboot.node_os.id: sles-15 is not supported by release k8s-1.34" in text
+    assert "gpuboot.node_os.id: sles-15 is not supported by release k8s-1.36" in text
     # (a precompiled driver without a known kernel: tests/corpus/malformed/precompiled_kernel_unknown.yml)
 
 
@@ -146,10 +146,10 @@ def test_pinned_reference_keeps_its_digest():
 
 
 def test_unknown_placeholder_in_a_runtime_image_is_an_error(tmp_path):
-    text = (ROOT / "mirror" / "releases" / "k8s-1.35.yml").read_text()
+    text = (ROOT / "mirror" / "releases" / "k8s-1.36.yml").read_text()
     text = text.replace("{gpu_operator.driver_version}", "{gpu_operator.driver_versoin}")
-    (tmp_path / "k8s-1.35.yml").write_text(text)
-    release = matrix.load("k8s-1.35", tmp_path)
+    (tmp_path / "k8s-1.36.yml").write_text(text)
+    release = matrix.load("k8s-1.36", tmp_path)
     with pytest.raises(MirrorError) as err:
         build(release, Target((NodeTarget("ubuntu-22.04", "ubuntu22.04", gpu_driver="container"),)))
     assert "gpu_operator.driver_versoin" in err.value.message
@@ -162,4 +162,4 @@ def test_mirror_plan_cli_counts_and_reports_unpinned(capsys):
     assert summary["total"] == len(data["artifacts"]) == summary["images"] + summary["charts"] + summary["packages"]
     assert len(summary["unpinned"]) == summary["images"] + summary["charts"]  # no digests pinned yet
     assert any(a["ref"].startswith("nvcr.io/nvidia/driver:570-5.15.0-1032-nvidia") for a in data["artifacts"])
-    assert run(["mirror", "plan", str(SAMPLE), "--release", "k8s-1.35"]) == 2
+    assert run(["mirror", "plan", str(SAMPLE), "--release", "k8s-1.36"]) == 2

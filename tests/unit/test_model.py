@@ -39,7 +39,7 @@ def test_error_names_file_line_field_and_fix(tmp_path):
           vars:
             gpuboot:
               cluster_name: c1
-              release: k8s-1.34
+              release: k8s-1.36
               control_plane:
                 vip: 10.0.0.300
           children:
@@ -98,21 +98,21 @@ def test_release_and_overlap_reported_together(tmp_path):
 def test_settings_from_group_vars_directory(tmp_path):
     (tmp_path / "group_vars" / "all").mkdir(parents=True)
     (tmp_path / "group_vars" / "all" / "gpuboot.yml").write_text(
-        "gpuboot: {cluster_name: dirvars, release: k8s-1.35, control_plane: {vip: 10.0.0.100}}\n")
+        "gpuboot: {cluster_name: dirvars, release: k8s-1.36, control_plane: {vip: 10.0.0.100}}\n")
     inv = write(tmp_path, "all:\n  children:\n    control_plane:\n      hosts:\n        cp1: {ansible_host: 10.0.0.11}\n")
     cluster = load_cluster(inv)
     assert cluster.settings.cluster_name == "dirvars"
-    assert cluster.settings.release == "k8s-1.35"
+    assert cluster.settings.release == "k8s-1.36"
 
 
 def test_gpuboot_defined_twice_is_an_error(tmp_path):
     (tmp_path / "group_vars").mkdir()
     (tmp_path / "group_vars" / "all.yml").write_text(
-        "gpuboot: {cluster_name: a, release: k8s-1.34, control_plane: {vip: 10.0.0.100}}\n")
+        "gpuboot: {cluster_name: a, release: k8s-1.36, control_plane: {vip: 10.0.0.100}}\n")
     inv = write(tmp_path, """\
         all:
           vars:
-            gpuboot: {cluster_name: b, release: k8s-1.34, control_plane: {vip: 10.0.0.100}}
+            gpuboot: {cluster_name: b, release: k8s-1.36, control_plane: {vip: 10.0.0.100}}
           children:
             control_plane:
               hosts:
@@ -128,7 +128,7 @@ def test_group_vars_file_for_unknown_group_is_flagged(tmp_path):
     inv = write(tmp_path, """\
         all:
           vars:
-            gpuboot: {cluster_name: b, release: k8s-1.34, control_plane: {vip: 10.0.0.100}}
+            gpuboot: {cluster_name: b, release: k8s-1.36, control_plane: {vip: 10.0.0.100}}
           children:
             control_plane:
               hosts:
@@ -144,7 +144,7 @@ def test_check_files_reports_missing_secret_files(tmp_path):
           vars:
             gpuboot:
               cluster_name: c1
-              release: k8s-1.34
+              release: k8s-1.36
               control_plane: {vip: 10.0.0.100}
               ssh: {private_key_file: keys/missing}
           children:
@@ -173,7 +173,7 @@ def test_the_model_is_the_one_owner_of_defaults(tmp_path):
     minimal = load_cluster(write(tmp_path, """\
         all:
           vars:
-            gpuboot: {cluster_name: x, release: k8s-1.34, control_plane: {vip: 10.0.0.1, mode: external}}
+            gpuboot: {cluster_name: x, release: k8s-1.36, control_plane: {vip: 10.0.0.1, mode: external}}
           children:
             control_plane: {hosts: {cp1: {ansible_host: 10.0.0.11}}}
         """))

@@ -60,7 +60,7 @@ def fleet(tmp_path: Path, nics_a: str, nics_b: str, extra: str = "") -> Path:
     (tmp_path / "group_vars" / "all.yml").write_text(textwrap.dedent("""\
         gpuboot:
           cluster_name: lab
-          release: k8s-1.35
+          release: k8s-1.36
           control_plane: {vip: 10.0.0.100}
         """) + textwrap.dedent(extra))
     (tmp_path / "group_vars" / "rack_a.yml").write_text("gpuboot_node:\n  nics:\n" + textwrap.indent(

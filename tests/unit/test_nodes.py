@@ -55,7 +55,7 @@ def test_removal_runs_from_another_control_plane(cluster, tmp_path):
     via, data = nodes.remove(cluster, "gpu01", reachable=False)
     assert via == "cp01" and data == {"node": "gpu01", "via": "cp01", "reachable": False, "control_plane": False}
     (tmp_path / "one.yml").write_text(
-        "all:\n  vars:\n    gpuboot:\n      cluster_name: one\n      release: k8s-1.34\n"
+        "all:\n  vars:\n    gpuboot:\n      cluster_name: one\n      release: k8s-1.36\n"
         "      control_plane: {vip: 10.0.0.100, interface: eth0}\n"
         "  children:\n    control_plane:\n      hosts:\n        solo: {ansible_host: 10.0.0.1}\n")
     with pytest.raises(UsageError, match="only control plane"):

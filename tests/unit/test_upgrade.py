@@ -30,19 +30,19 @@ def release(name: str, version: str, upgrades_from: list[str]) -> matrix.Release
 
 
 def test_only_a_tested_path_of_one_minor_upwards():
-    check_path(release("a", "v1.34.4", []), release("b", "v1.35.4", ["a"]))
+    check_path(release("a", "v1.36.3", []), release("b", "v1.37.2", ["a"]))
     with pytest.raises(UpgradeRefused, match="skips a minor"):
-        check_path(release("a", "v1.33.2", []), release("c", "v1.35.4", ["a"]))
+        check_path(release("a", "v1.33.2", []), release("c", "v1.37.2", ["a"]))
     with pytest.raises(UpgradeRefused, match="downgrade"):
-        check_path(release("b", "v1.35.4", []), release("a", "v1.34.4", ["b"]))
+        check_path(release("b", "v1.37.2", []), release("a", "v1.36.3", ["b"]))
     # Patch numbers compare as numbers: .10 is newer than .4.
-    check_path(release("a", "v1.34.4", []), release("p", "v1.34.10", ["a"]))
+    check_path(release("a", "v1.36.3", []), release("p", "v1.36.10", ["a"]))
     with pytest.raises(UpgradeRefused, match="downgrade"):
-        check_path(release("p", "v1.34.10", []), release("a", "v1.34.4", ["p"]))
+        check_path(release("p", "v1.36.10", []), release("a", "v1.36.3", ["p"]))
     with pytest.raises(UpgradeRefused, match="already"):
-        check_path(release("a", "v1.34.4", []), release("a", "v1.34.4", ["a"]))
+        check_path(release("a", "v1.36.3", []), release("a", "v1.36.3", ["a"]))
     with pytest.raises(UpgradeRefused, match="not a tested upgrade path") as refused:
-        check_path(release("x", "v1.34.1", []), release("b", "v1.35.4", ["a"]))
+        check_path(release("x", "v1.36.1", []), release("b", "v1.37.2", ["a"]))
     assert "start from: a" in refused.value.hint
 
 
@@ -64,25 +64,25 @@ def test_batches_follow_ansibles_order_for_an_ini_inventory_with_ranges(tmp_path
         "[control_plane]\ncp[1:3].lab.internal\n\n[gpu_workers]\ngpu[01:05].lab.internal\n\n"
         "[workers:children]\ngpu_workers\n")
     (tmp_path / "group_vars" / "all.yml").write_text(
-        "gpuboot:\n  cluster_name: ini\n  release: k8s-1.34\n"
+        "gpuboot:\n  cluster_name: ini\n  release: k8s-1.36\n"
         "  control_plane: {vip: 10.0.0.100, interface: eth0}\n")
     cluster = load_cluster(str(tmp_path / "hosts.ini"))
-    plan = plan_upgrade(cluster, "k8s-1.35", canary=1, batch="2")
+    plan = plan_upgrade(cluster, "k8s-1.37", canary=1, batch="2")
     assert plan.first == "cp1.lab.internal"
     assert plan.other_control_planes == ("cp2.lab.internal", "cp3.lab.internal")
     assert plan.batches == (("gpu01.lab.internal",), ("gpu02.lab.internal", "gpu03.lab.internal"),
                             ("gpu04.lab.internal", "gpu05.lab.internal"))
     data = plan.as_data()
-    assert data["batch_sizes"] == [1, 2, 2] and data["version"] == "v1.35.4" and data["from_version"] == "v1.34.4"
+    assert data["batch_sizes"] == [1, 2, 2] and data["version"] == "v1.37.2" and data["from_version"] == "v1.36.3"
 
 
 def test_plan_of_the_sample_matches_golden_and_touches_nothing(capsys):
-    assert run(["upgrade", str(SAMPLE), "--to", "k8s-1.35", "--plan"]) == 0
+    assert run(["upgrade", str(SAMPLE), "--to", "k8s-1.37", "--plan"]) == 0
     said = capsys.readouterr().out
     if os.environ.get("GPUBOOT_UPDATE_GOLDEN"):
         GOLDEN.write_text(said)
     assert said == GOLDEN.read_text()
-    assert run(["upgrade", str(SAMPLE), "--to", "k8s-1.35", "--plan", "--output", "json", "--canary", "0",
+    assert run(["upgrade", str(SAMPLE), "--to", "k8s-1.37", "--plan", "--output", "json", "--canary", "0",
                 "--batch", "100%"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["upgrade"]["batches"] == [["cpu01", "gpu01", "gpu02"]]
@@ -90,11 +90,11 @@ def test_plan_of_the_sample_matches_golden_and_touches_nothing(capsys):
 
 
 def test_refusals_name_the_reason_and_exit_7(capsys):
-    assert run(["upgrade", str(SAMPLE), "--to", "k8s-1.34", "--plan"]) == 7
-    assert "already Kubernetes v1.34.4" in capsys.readouterr().err
+    assert run(["upgrade", str(SAMPLE), "--to", "k8s-1.36", "--plan"]) == 7
+    assert "already Kubernetes v1.36.3" in capsys.readouterr().err
     assert run(["upgrade", str(SAMPLE), "--to", "k8s-9.99", "--plan"]) == 2
     assert "not in the version matrix" in capsys.readouterr().err
-    assert run(["upgrade", str(SAMPLE), "--to", "k8s-1.35", "--plan", "--batch", "0"]) == 2
+    assert run(["upgrade", str(SAMPLE), "--to", "k8s-1.37", "--plan", "--batch", "0"]) == 2
 
 
 def node(name: str, version: str, ready: bool = True, cordoned: bool = False) -> dict:
@@ -112,7 +112,7 @@ def pod(name: str, node_name: str, image: str, ready: bool = True, waiting: str 
 
 
 def test_before_checks_versions_skew_and_an_upgrade_in_progress():
-    a, b = "v1.34.4", "v1.35.4"
+    a, b = "v1.36.3", "v1.37.2"
     api = [pod("kube-apiserver-cp1", "cp1", f"mirror:5000/registry.k8s.io/kube-apiserver:{a}")]
     assert check.version_problems([node("cp1", a), node("w1", a)], api, ["cp1", "w1"], a, b, False) == []
     problems = check.version_problems([node("cp1", a), node("w1", "v1.33.9", ready=False)], api,
@@ -121,11 +121,11 @@ def test_before_checks_versions_skew_and_an_upgrade_in_progress():
     assert any("w1 is not Ready" in p for p in problems)
     assert any("w1 runs kubelet v1.33.9" in p for p in problems)
     moved = check.version_problems([node("cp1", b), node("w1", a)], api, ["cp1", "w1"], a, b, False)
-    assert moved == ["an upgrade to v1.35.4 is in progress (cp1 kubelet already there): continue it with --resume"]
+    assert moved == ["an upgrade to v1.37.2 is in progress (cp1 kubelet already there): continue it with --resume"]
     assert check.version_problems([node("cp1", b), node("w1", a)], api, ["cp1", "w1"], a, b, True) == []
     done = [pod("kube-apiserver-cp1", "cp1", f"m/registry.k8s.io/kube-apiserver:{b}")]
     assert check.version_problems([node("cp1", b), node("w1", b)], done, ["cp1", "w1"], a, b, False) == [
-        "the cluster already runs v1.35.4: set gpuboot.release in the inventory to the release it runs (or continue "
+        "the cluster already runs v1.37.2: set gpuboot.release in the inventory to the release it runs (or continue "
         "a stopped upgrade with --resume)"]
     # A run stopped after Kubernetes (at the GPU drivers) resumes: the node steps only gate.
     assert check.version_problems([node("cp1", b), node("w1", b)], done, ["cp1", "w1"], a, b, True) == []
@@ -145,15 +145,15 @@ def test_etcd_and_pdb_judgement():
 
 
 def test_node_gate():
-    v = "v1.35.4"
+    v = "v1.37.2"
     statics = [pod(f"{c}-cp1", "cp1", f"m/registry.k8s.io/{c}:{v}") for c in check.STATIC_PODS]
     etcd = pod("etcd-cp1", "cp1", "m/registry.k8s.io/etcd:3.6.6-0")
     assert check.node_gate_problems(node("cp1", v), [*statics, etcd], v, True) == []
-    old = [pod("kube-scheduler-cp1", "cp1", "m/registry.k8s.io/kube-scheduler:v1.34.4") if p["metadata"]["name"]
+    old = [pod("kube-scheduler-cp1", "cp1", "m/registry.k8s.io/kube-scheduler:v1.36.3") if p["metadata"]["name"]
            == "kube-scheduler-cp1" else p for p in statics]
-    problems = check.node_gate_problems(node("cp1", "v1.34.4", cordoned=True), old, v, True)
-    assert "cp1 runs kubelet v1.34.4, not v1.35.4" in problems and "cp1 is still cordoned" in problems
-    assert "kube-scheduler-cp1 runs v1.34.4, not v1.35.4" in problems and "etcd-cp1 is not running" in problems
+    problems = check.node_gate_problems(node("cp1", "v1.36.3", cordoned=True), old, v, True)
+    assert "cp1 runs kubelet v1.36.3, not v1.37.2" in problems and "cp1 is still cordoned" in problems
+    assert "kube-scheduler-cp1 runs v1.36.3, not v1.37.2" in problems and "etcd-cp1 is not running" in problems
     crash = pod("app-1", "w1", "img:1", ready=False, waiting="CrashLoopBackOff")
     assert check.node_gate_problems(node("w1", v), [crash], v, False) == [
         "kube-system/app-1 is crash-looping (c, 4 restarts, CrashLoopBackOff)"]
@@ -184,25 +184,36 @@ driver = load_module("gpuboot_driver_upgrade")
 MIXED_DRIVERS = ROOT / "tests" / "corpus" / "gpu" / "mixed_drivers" / "inventory.yml"
 
 
-def test_gpu_drivers_move_only_where_the_operator_manages_them_and_the_release_changes_them(tmp_path, capsys):
+def test_gpu_drivers_move_only_where_the_operator_manages_them_and_the_release_changes_them(tmp_path, capsys,
+                                                                                        monkeypatch):
     # The mixed-drivers fleet at the release before: a driver container on h100-02, precompiled
     # on h100-01 (same branch in both releases: its tag does not move), the host's on dgx-01.
+    # The matrix's 1.36 and 1.37 carry the same driver: a copy whose 1.36 has the older patch of
+    # the branch stands for a release that moves it.
+    releases = tmp_path / "releases"
+    releases.mkdir()
+    for name in ("k8s-1.36", "k8s-1.37"):
+        (releases / f"{name}.yml").write_text((matrix.content.releases_dir() / f"{name}.yml").read_text())
+    older = releases / "k8s-1.36.yml"
+    assert 'driver_version: "570.172.08"' in older.read_text()
+    older.write_text(older.read_text().replace('driver_version: "570.172.08"', 'driver_version: "570.158.01"'))
+    monkeypatch.setattr(matrix.content, "releases_dir", lambda: releases)
     inventory = tmp_path / "inventory.yml"
-    inventory.write_text(MIXED_DRIVERS.read_text().replace("release: k8s-1.35", "release: k8s-1.34"))
-    plan = plan_upgrade(load_cluster(str(inventory)), "k8s-1.35", driver_timeout=900)
+    inventory.write_text(MIXED_DRIVERS.read_text().replace("release: k8s-1.37", "release: k8s-1.36"))
+    plan = plan_upgrade(load_cluster(str(inventory)), "k8s-1.37", driver_timeout=900)
     assert [(c.node, c.kind, c.from_tag, c.to_tag) for c in plan.gpu_drivers] == [
         ("h100-02", "container", "570.158.01", "570.172.08")]
     assert plan.phases[-1] == "upgrade_gpu_driver"
     assert plan.as_data()["gpu_drivers"] == {"h100-02": "570.172.08"} and plan.as_data()["driver_timeout"] == 900
-    assert run(["upgrade", str(inventory), "--to", "k8s-1.35", "--plan"]) == 0
+    assert run(["upgrade", str(inventory), "--to", "k8s-1.37", "--plan"]) == 0
     said = capsys.readouterr().out
     assert "h100-02  GPU driver     container driver 570.158.01 -> 570.172.08 by the GPU Operator's upgrade " \
            "controller" in said
     assert "h100-01  GPU driver" not in said and "dgx-01   GPU driver" not in said
     # The sample's drivers are precompiled, and the branch stays: no driver phase.
-    assert "upgrade_gpu_driver" not in plan_upgrade(load_cluster(str(SAMPLE)), "k8s-1.35").phases
+    assert "upgrade_gpu_driver" not in plan_upgrade(load_cluster(str(SAMPLE)), "k8s-1.37").phases
     with pytest.raises(UsageError, match="driver-timeout"):
-        plan_upgrade(load_cluster(str(inventory)), "k8s-1.35", driver_timeout=5)
+        plan_upgrade(load_cluster(str(inventory)), "k8s-1.37", driver_timeout=5)
 
 
 def gpu_node(name: str, state: str = "", skip: bool = False) -> dict:
@@ -245,10 +256,10 @@ def test_driver_upgrade_judgement_follows_the_operators_labels_and_the_driver_po
                                       "nvidia-driver-daemonset-g2: CrashLoopBackOff")
     assert failed["g1"][0] == "skipped" and "keeps driver 570.158.01-ubuntu22.04" in failed["g1"][1]
     assert driver.judge([], [], {"g9": "1"})["g9"] == ("waiting", "not in the cluster")
-    message = driver.failure_message(failed, 12, 600, "gpu-operator", "gpuboot upgrade inv.yml --to k8s-1.35 --resume")
+    message = driver.failure_message(failed, 12, 600, "gpu-operator", "gpuboot upgrade inv.yml --to k8s-1.37 --resume")
     assert message.startswith("the GPU Operator's driver upgrade failed on g2:")
     assert "nvidia.com/gpu-driver-upgrade-state=upgrade-required to retry" in message
-    assert message.endswith("gpuboot upgrade inv.yml --to k8s-1.35 --resume")
+    assert message.endswith("gpuboot upgrade inv.yml --to k8s-1.37 --resume")
     late = driver.failure_message({"g2": found["g2"], "g1": found["g1"]}, 601, 600, "gpu-operator", "R")
     assert "not all upgraded after 601 s (timeout 600 s)" in late and "- g2: state pod-restart-required" in late
     assert "- g1" not in late

@@ -20,7 +20,7 @@ from gpuboot.mirror import plan as mirror_plan
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "tests" / "doubles" / "vcluster" / "values.schema.json").read_text())
 FOUR_TENANTS = ROOT / "tests" / "fixtures" / "four-tenants" / "hosts.ini"
-IMAGES = matrix.entry("k8s-1.35")["images"]["vcluster"]
+IMAGES = matrix.entry("k8s-1.36")["images"]["vcluster"]
 
 
 def test_values_keep_to_the_charts_keys_and_pin_every_image_the_mirror_holds():

@@ -18,7 +18,7 @@ from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_DRIVER_TIMEOUT, DEFAU
 @cli.command()
 @inventory_arg
 @click.option("--to", "to_release", required=True, metavar="RELEASE",
-              help="The release of the version matrix to upgrade to (e.g. k8s-1.35).")
+              help="The release of the version matrix to upgrade to (e.g. k8s-1.36).")
 @click.option("--plan", "show_plan", is_flag=True, help="Print every step in order, per node; touch nothing.")
 @click.option("--canary", type=int, default=1, show_default=True, help="Workers upgraded first, on their own.")
 @click.option("--batch", default="20%", show_default=True, help="Workers per batch after the canary: N or N%.")

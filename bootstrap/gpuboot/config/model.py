@@ -52,7 +52,7 @@ FORMS = {
     GIT_REF: "a branch name: letters, digits, '.', '_', '/' or '-', no '..'",
     REPO_PATH: "a relative path in the repository: letters, digits, '.', '_', '/' or '-', no '..'",
     KERNEL_RELEASE: "a kernel release as `uname -r` prints it",
-    RELEASE_NAME: "a release name of the version matrix, e.g. k8s-1.35",
+    RELEASE_NAME: "a release name of the version matrix, e.g. k8s-1.36",
     PLAIN_PATH: "a file path on one line",
     COMMAND: "a command name or path without spaces or shell characters",
     HOST_PATTERN: "an Ansible host pattern without spaces, quotes or shell characters",
