@@ -26,6 +26,22 @@ HARNESS_VARIABLES = frozenset({
 _READ_VARIABLES = re.compile(r"^(GPUBOOT|ANSIBLE|MOLECULE)_")
 
 
+def hash_files(digest, parts, relative_to) -> None:
+    """Feed `digest` every file under `parts` (files or folders), by name relative to
+    `relative_to(part)` and content, in a stable order; a part that does not exist counts as
+    absent."""
+    for part in parts:
+        if not part.exists():
+            digest.update(f"absent:{part.name}".encode())
+            continue
+        files = [part] if part.is_file() else sorted(p for p in part.rglob("*") if p.is_file())
+        for file in files:
+            if "__pycache__" in file.parts:
+                continue
+            digest.update(str(file.relative_to(relative_to(part))).encode())
+            digest.update(file.read_bytes())
+
+
 def python_packages() -> list[str]:
     """name==version of every installed distribution but gpuboot (its files are keyed apart)."""
     found = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version

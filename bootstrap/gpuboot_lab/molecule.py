@@ -15,7 +15,7 @@ from pathlib import Path
 from gpuboot import content
 from gpuboot_lab.cluster import Lab, LabSpec
 from gpuboot_lab.errors import LabError
-from gpuboot_lab.fingerprint import fingerprint_digest, node_image_contents
+from gpuboot_lab.fingerprint import fingerprint_digest, hash_files, node_image_contents
 from gpuboot_lab.image import ensure_image, image_reference, image_tarball
 from gpuboot_lab.podman import write_containers_conf
 
@@ -68,16 +68,7 @@ def scenario_key(role: str, image: str) -> str:
     digest = hashlib.sha256(f"{role}|{image}|{fingerprint_digest()}".encode())
     parts = [root / "roles" / role, *_named_parts(root, role), root / ".config" / "molecule" / "config.yml",
              root / "pyproject.toml", root / "requirements.lock", Path(__file__)]
-    for part in parts:
-        if not part.exists():
-            digest.update(f"absent:{part.name}".encode())
-            continue
-        files = [part] if part.is_file() else sorted(p for p in part.rglob("*") if p.is_file())
-        for file in files:
-            if "__pycache__" in file.parts:
-                continue
-            digest.update(str(file.relative_to(part.parent)).encode())
-            digest.update(file.read_bytes())
+    hash_files(digest, parts, lambda part: part.parent)
     return digest.hexdigest()[:24]
 
 

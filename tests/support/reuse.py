@@ -29,6 +29,7 @@ import pytest
 
 from gpuboot_lab import fingerprint
 from gpuboot_lab.cluster import DEFAULT_CACHE
+from gpuboot_lab.fingerprint import hash_files
 from gpuboot_lab.image import image_tarball
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,17 +44,7 @@ HARNESS = ("tests/conftest.py", "tests/integration/conftest.py", "tests/doubles"
 def digest(paths: tuple[str, ...], root: Path = ROOT) -> str:
     """Every file under the given repository paths, by name and content."""
     hashed = hashlib.sha256()
-    for part in sorted(set(paths)):
-        base = root / part
-        if not base.exists():
-            hashed.update(f"absent:{part}".encode())
-            continue
-        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
-        for file in files:
-            if "__pycache__" in file.parts:
-                continue
-            hashed.update(str(file.relative_to(root)).encode())
-            hashed.update(file.read_bytes())
+    hash_files(hashed, [root / part for part in sorted(set(paths))], lambda part: root)
     return hashed.hexdigest()[:24]
 
 

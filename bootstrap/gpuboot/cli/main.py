@@ -267,6 +267,9 @@ def run(argv: list[str] | None = None) -> int:
             pass  # after SIGHUP the terminal may be gone; the run record has the outcome
         return code
 
+    def terminated(exc: BaseException) -> int:
+        return report(exc, 128 + TERMINATED[0], f"terminated ({signal.Signals(TERMINATED[0]).name})")
+
     TERMINATED.clear()
     try:
         with stop_signals_as_interrupt():
@@ -275,7 +278,7 @@ def run(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort as exc:
         # click turns a KeyboardInterrupt (and so a Terminated) raised in a command into Abort.
         if TERMINATED:
-            return report(exc, 128 + TERMINATED[0], f"terminated ({signal.Signals(TERMINATED[0]).name})")
+            return terminated(exc)
         return report(exc, 130, "aborted")
     except click.ClickException as exc:
         if as_json:
@@ -288,7 +291,7 @@ def run(argv: list[str] | None = None) -> int:
         code = 128 + TERMINATED[0] if isinstance(exc, Interrupted) and TERMINATED else exc.exit_code
         return report(exc, code, f"error: {exc}")
     except Terminated as exc:
-        return report(exc, 128 + TERMINATED[0], f"terminated ({signal.Signals(TERMINATED[0]).name})")
+        return terminated(exc)
     except KeyboardInterrupt as exc:
         return report(exc, 130, "interrupted")
 

@@ -353,7 +353,9 @@ def _node_group_quotas(settings: GpubootSettings, by_group: dict[str, dict[str, 
             bound[tenant.node_group].append(index)
     with_gpus = sorted(group for group, have in by_group.items() if have != {})
     for group, indexes in sorted(bound.items()):
-        have = by_group.get(group, {})
+        if group not in by_group:
+            continue  # not worked out (the release did not load): nothing to say about it
+        have = by_group[group]
         first = indexes[0]
         line = where.child("tenants", first, "node_group").line
         if have == {}:

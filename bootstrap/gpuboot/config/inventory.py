@@ -270,7 +270,9 @@ def _split_over_files(path: Path) -> list[Problem]:
         relative = vf.relative_to(path.parent).parts
         owners.setdefault((relative[0], Path(relative[1]).stem if len(relative) == 2 else relative[1]), []).append(vf)
     problems = []
-    for files in owners.values():
+    # Only a group or host with two or more files can split a variable over them (a 2,000-host
+    # inventory with one host_vars file each reads no file twice).
+    for files in (f for f in owners.values() if len(f) > 1):
         loaded = []
         # Ansible's order: the group's own file, then its folder's files by name; the last wins.
         for vf in sorted(files, key=lambda f: (len(f.relative_to(path.parent).parts) > 2, str(f))):
