@@ -77,6 +77,6 @@ def test_the_namespace_names_the_node_group_and_one_admission_rule_enforces_it(t
 def test_a_release_that_does_not_load_says_only_that(tmp_path, capsys):
     inventory = site(tmp_path, [{"name": "notebooks", "node_group": "l40s_roce", "quota": {"gpu": 4}}])
     settings = inventory.parent / "group_vars" / "all.yml"
-    settings.write_text(settings.read_text().replace("release: k8s-1.35", "release: k8s-9.99"))
+    settings.write_text(settings.read_text().replace("release: k8s-1.36", "release: k8s-9.99"))
     found = errors(inventory, capsys)
     assert len(found) == 1 and "gpuboot.release" in found[0]
