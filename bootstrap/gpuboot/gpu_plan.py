@@ -92,9 +92,17 @@ class NodeGpu:
             found["nvidia.com/gpu.count"] = str(self.count)
         return found
 
+    def per_gpu(self) -> dict[str, int] | None:
+        """What each GPU of a node whose count is not declared advertises, for validation to
+        multiply by the count preflight's discovery finds: whole GPUs, time-sliced into their
+        replicas. None under a MIG layout (the layout needs the count) or with a declared count."""
+        if self.count is not None or self.mig_layout:
+            return None
+        return {"nvidia.com/gpu": self.time_slicing_replicas}
+
     def resources(self, strategy: str) -> dict[str, int] | None:
         """What the node must advertise once the operator is done; None when the GPU count
-        is not declared (validation then takes preflight's count)."""
+        is not declared (validation then takes preflight's count, with per_gpu)."""
         if self.count is None:
             return None
         if not self.mig_layout:
@@ -184,7 +192,7 @@ class GpuPlan:
             "nodes": {name: {"model": n.model.name if n.model else None, "driver": n.driver, "os_tag": n.os_tag,
                              "kernels": list(n.kernels), "labels": n.labels(self.mixed_drivers),
                              "gfd_labels": n.gfd_labels(), "operands": n.operand_apps(),
-                             "resources": n.resources(self.strategy)}
+                             "resources": n.resources(self.strategy), "per_gpu": n.per_gpu()}
                       for name, n in self.nodes.items()},
         }
 

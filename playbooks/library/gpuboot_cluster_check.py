@@ -21,7 +21,7 @@ options:
   gpu_nodes:
     type: dict
     default: {}
-    description: "node -> {resources: {name: count} or null, group: the node's GPU group, gfd_labels: {label: value} GPU Feature Discovery must have set}."
+    description: "node -> {resources: {name: count} or null, per_gpu: {name: count} each GPU yields when the count is not declared, found_gpus: the GPUs discovery found on the node, group: the node's GPU group, gfd_labels: {label: value} GPU Feature Discovery must have set}."
   gpu_namespace: {type: str, default: gpu-operator}
   fabric_nodes:
     type: dict
@@ -78,7 +78,16 @@ def check_resources(nodes, gpu_nodes):
             continue
         got = {k: int(v) for k, v in node["status"].get("allocatable", {}).items() if _gpu_resource(k)}
         wanted = want.get("resources")
-        if wanted is None:  # GPU count not declared: any GPU at all
+        found, per_gpu = want.get("found_gpus"), want.get("per_gpu")
+        if wanted is None and found is not None and per_gpu:
+            # The inventory leaves the count out: the GPUs preflight's discovery finds on the node.
+            wanted = {resource: count * found for resource, count in per_gpu.items()}
+            ok = got == wanted
+            rows.append(row(name, "allocatable", f"{_fmt(wanted)} ({found} GPU(s) found on the node)", _fmt(got), ok,
+                            "" if ok else "the device plugin advertises other resources than the GPUs the node "
+                            "has imply (gpu.count is not declared: the count is what the node's PCI bus shows)"))
+            continue
+        if wanted is None:  # neither declared nor found (a MIG layout needs the count): any GPU at all
             rows.append(row(name, "allocatable", "nvidia.com/* > 0", _fmt(got), sum(got.values()) > 0,
                             "" if got else "the node advertises no GPU resource"))
             continue

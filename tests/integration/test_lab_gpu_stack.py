@@ -8,10 +8,13 @@ mirror, every pull of an operand image by containerd, the API server's server-si
 scheduling on extended resources, and gpuboot's waits and reports.
 
 gpu1 is time-sliced (an L40S x2, 4 replicas), gpu2 is MIG (an H100 x2, all-1g.10gb, mixed
-strategy); their GPU settings live in host_vars/ beside the inventory, as operators write them."""
+strategy); their GPU settings live in host_vars/ beside the inventory, as operators write them.
+gpu1 does not declare its GPU count: its node carries a double PCI tree (tests/doubles/hardware)
+that preflight's discovery reads, and the gate takes the count found there."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
@@ -20,6 +23,7 @@ import yaml
 from gpuboot.cli.main import run
 from gpuboot_lab.cluster import LabSpec
 from tests.doubles.gpu_operator.operator import FAULT_DIR, DoubleGpuOperator, Hardware
+from tests.doubles.hardware.sysfs import build_tree, hgx_server
 from tests.integration.conftest import ssh
 from tests.support.addon_doubles import add_to_bundle
 from tests.support.addon_lab import addon_lab, kubectl, said
@@ -31,13 +35,19 @@ NAME = "gstack"
 SUBNET = "10.213.83.0/24"
 RELEASE = "k8s-1.36"
 GPU_NODES = {
-    f"{NAME}-gpu1": ({"os": "debian-12", "gpu": {"model": "L40S-48GB", "count": 2, "driver": "preinstalled",
+    f"{NAME}-gpu1": ({"os": "debian-12", "gpu": {"model": "L40S-48GB", "driver": "preinstalled",
                                                  "time_slicing_replicas": 4}},
                      Hardware("NVIDIA-L40S", "0x26b9", 2, "ada-lovelace")),
     f"{NAME}-gpu2": ({"os": "debian-12", "gpu": {"model": "H100-SXM5-80GB", "count": 2, "driver": "preinstalled",
                                                  "mig": {"layout": "all-1g.10gb"}}},
                      Hardware("NVIDIA-H100-80GB-HBM3", "0x2330", 2)),
 }
+# gpu1's double PCI tree: 2 L40S (PCI device 0x26b9), read by preflight's discovery through the
+# lab-only role inputs below (the other lab GPU node has no tree and expects no GPU there).
+DOUBLE_ROOT = "/srv/gpuboot-double"
+COUNTED_BY_DISCOVERY = f"{NAME}-gpu1"
+DISCOVERY_VARS = {"preflight_sys_root": f"{DOUBLE_ROOT}/sys", "preflight_proc_root": f"{DOUBLE_ROOT}/proc",
+                  "preflight_expect_gpu": True}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +70,13 @@ def gpu_cluster(reused, lab, tmp_path, monkeypatch, capsys):
         host_vars = node_lab.inventory.parent / "host_vars"
         host_vars.mkdir()
         for name, (node, _) in GPU_NODES.items():
-            (host_vars / f"{name}.yml").write_text(yaml.safe_dump({"gpuboot_node": node}))
+            extra = DISCOVERY_VARS if name == COUNTED_BY_DISCOVERY else {}
+            (host_vars / f"{name}.yml").write_text(yaml.safe_dump({"gpuboot_node": node, **extra}))
+        tree = tmp_path / "l40s"
+        build_tree(hgx_server(gpu_device="0x26b9", gpus=2, nvswitches=0, connectx=0), tree)
+        copied = subprocess.run(["podman", "cp", str(tree), f"gpuboot-{COUNTED_BY_DISCOVERY}:{DOUBLE_ROOT}"],
+                                capture_output=True, text=True)
+        assert copied.returncode == 0, copied.stderr
         images = add_to_bundle(node_lab.bundle, node_lab.inventory, node_lab.helm)
         mirror = node_lab.start_mirror()
         with DoubleGpuOperator(node_lab.kubectl, node_lab.kubeconfig,
@@ -88,6 +104,9 @@ def test_gpu_operator_installs_from_the_mirror_and_the_nodes_advertise_what_the_
     assert report["short"] == 0, report
     checks = {(r["node"], r["check"]) for r in report["rows"]}
     assert (f"{NAME}-gpu1", "allocatable") in checks and (f"{NAME}-gpu2", "allocatable") in checks
+    # gpu1's count is the 2 GPUs discovery found on its PCI bus, times its 4 replicas.
+    counted = next(r for r in report["rows"] if r["node"] == COUNTED_BY_DISCOVERY and r["check"] == "allocatable")
+    assert counted["want"] == "nvidia.com/gpu=8 (2 GPU(s) found on the node)" and counted["ok"], counted
     assert (f"{NAME}-gpu1", "smoke nvidia.com/gpu=1 nvidia-smi") in checks
     assert (f"{NAME}-gpu2", "smoke nvidia.com/mig-1g.10gb=1 nvidia-smi") in checks
     assert ("-", "ClusterPolicy") in checks and any(c == "pod network" for _, c in checks)

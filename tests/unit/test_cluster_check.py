@@ -29,6 +29,22 @@ def test_resources_must_equal_what_the_inventory_implies():
     assert not by["gpu4"]["ok"] and by["gpu4"]["got"] == "no such node"
 
 
+def test_an_undeclared_count_is_the_count_discovery_found_times_what_each_gpu_yields():
+    nodes = {"l40s": node("l40s", {"nvidia.com/gpu": "8"}), "short": node("short", {"nvidia.com/gpu": "4"}),
+             "mig": node("mig", {"nvidia.com/mig-1g.10gb": "7"})}
+    rows = check.check_resources(nodes, {
+        "l40s": {"resources": None, "per_gpu": {"nvidia.com/gpu": 4}, "found_gpus": 2},
+        # One GPU fell off the bus after preflight counted 2, or time-slicing is not applied.
+        "short": {"resources": None, "per_gpu": {"nvidia.com/gpu": 4}, "found_gpus": 2},
+        # A MIG layout needs a declared count: only "some GPU resource" can be asked.
+        "mig": {"resources": None, "per_gpu": None, "found_gpus": None}})
+    by = {r["node"]: r for r in rows}
+    assert by["l40s"]["ok"] and by["l40s"]["want"] == "nvidia.com/gpu=8 (2 GPU(s) found on the node)"
+    assert not by["short"]["ok"] and by["short"]["got"] == "nvidia.com/gpu=4"
+    assert "PCI bus" in by["short"]["reason"]
+    assert by["mig"]["ok"] and by["mig"]["want"] == "nvidia.com/* > 0"
+
+
 def test_a_pod_problem_is_said_in_its_containers_words_or_the_schedulers():
     crashing = {"status": {"phase": "Running", "containerStatuses": [{"ready": False, "state": {"waiting": {
         "reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}}}]}}

@@ -167,3 +167,20 @@ def test_every_recorded_gfd_product_is_nvml_naming():
     assert recorded["H200-SXM-141GB"] == "NVIDIA-H200" and recorded["H100-SXM5-80GB"] == "NVIDIA-H100-80GB-HBM3"
     for product in recorded.values():
         assert product.startswith("NVIDIA-") and " " not in product
+
+
+def test_a_node_without_a_declared_count_leaves_the_count_to_discovery(tmp_path):
+    hosts = inventory(tmp_path, {
+        "hosts.ini": "[control_plane]\ncp1 ansible_host=10.0.0.1\n\n[gpu_workers]\nl40s ansible_host=10.0.0.2\n"
+                     "plain ansible_host=10.0.0.3\ncounted ansible_host=10.0.0.4\n\n[workers:children]\ngpu_workers\n",
+        "group_vars/all.yml": SETTINGS,
+        "host_vars/l40s.yml": "gpuboot_node: {gpu: {model: L40S-48GB, time_slicing_replicas: 4}}\n",
+        "host_vars/plain.yml": "gpuboot_node: {gpu: {model: L40S-48GB}}\n",
+        "host_vars/counted.yml": "gpuboot_node: {gpu: {model: L40S-48GB, count: 2}}\n"})
+    plan = load_cluster(hosts).gpu_plan
+    data = plan.as_data()["nodes"]
+    # Validation multiplies what each GPU yields by the GPUs preflight's discovery finds.
+    assert data["l40s"]["resources"] is None and data["l40s"]["per_gpu"] == {"nvidia.com/gpu": 4}
+    assert data["plain"]["per_gpu"] == {"nvidia.com/gpu": 1}
+    assert data["counted"]["per_gpu"] is None and data["counted"]["resources"] == {"nvidia.com/gpu": 2}
+    assert plan.offered() is None  # the tenants' quotas cannot be held against an unknown count

@@ -52,9 +52,14 @@ def gate_demands(cluster: Cluster) -> dict[str, list[str]]:
     must run there, the RDMA and VF resources."""
     demands: dict[str, list[str]] = {}
     for name, node in cluster.gpu_plan.as_data()["nodes"].items():
-        resources = node["resources"]
-        lines = [f"allocatable {_listed(resources)}" if resources is not None
-                 else "allocatable nvidia.com/* > 0 (gpu.count not declared)"]
+        resources, per_gpu = node["resources"], node["per_gpu"]
+        if resources is not None:
+            lines = [f"allocatable {_listed(resources)}"]
+        elif per_gpu:
+            lines = ["allocatable " + ", ".join(f"{k}={v} x the GPUs found on the node" for k, v in sorted(per_gpu.items()))
+                     + " (gpu.count not declared)"]
+        else:
+            lines = ["allocatable nvidia.com/* > 0 (gpu.count not declared)"]
         if node["gfd_labels"]:
             lines.append("labels " + ", ".join(f"{k.removeprefix('nvidia.com/')}={v}" for k, v in sorted(node["gfd_labels"].items())))
         lines.append(f"operand pods: {', '.join(node['operands'])}")

@@ -1,0 +1,223 @@
+"""Each chart double's values contract (tests/doubles/charts/*/values.schema.json, closed) against
+the real chart's values at the version each release of the matrix pins, read from the upstream
+repository's source tree where it is on this machine (a git directory, as `fetch` leaves it;
+`GPUBOOT_UPSTREAM_SOURCES` names the folder, one `<owner>+<name>/repo` per repository).
+
+A key the double accepts must be one the real chart has: in its values.yaml (or a subchart's),
+under a key whose default is an open map, or read by its templates as `.Values.<path>`.
+Otherwise gpuboot's values would pass the double and be ignored by the real chart, the wrong
+assumption this test is here to catch. The keys the real chart has and the double leaves out
+are listed in the test's output (`-rP`), for whoever widens the double."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuboot import matrix
+
+ROOT = Path(__file__).resolve().parents[2]
+DOUBLES = ROOT / "tests" / "doubles" / "charts"
+SOURCES = Path(os.environ.get("GPUBOOT_UPSTREAM_SOURCES", "/work/.mirror"))
+TEMPLATE_REF = re.compile(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+
+
+@dataclass(frozen=True)
+class Upstream:
+    component: str  # the matrix's key
+    repository: str  # owner+name under SOURCES
+    chart_dir: str
+    tag: str  # format of the git tag for a chart version
+    # Values the chart's templates pass whole into a custom resource's spec (`omit .Values.x
+    # "enabled" | toYaml`): their keys are held against that CRD's schema (a file in the chart).
+    passthrough: tuple[tuple[str, str], ...] = ()
+
+
+UPSTREAMS = {
+    "gpu-operator": Upstream("gpu_operator", "NVIDIA+gpu-operator", "deployments/gpu-operator", "{version}"),
+    "network-operator": Upstream("network_operator", "Mellanox+network-operator", "deployment/network-operator",
+                                 "v{version}"),
+    "tigera-operator": Upstream("calico", "projectcalico+calico", "charts/tigera-operator", "{version}", (
+        ("installation", "crds/operator.tigera.io_installations_crd.yaml"),
+        ("apiServer", "crds/operator.tigera.io_apiservers_crd.yaml"),
+        ("goldmane", "crds/operator.tigera.io_goldmanes_crd.yaml"),
+        ("whisker", "crds/operator.tigera.io_whiskers_crd.yaml"))),
+    "argo-cd": Upstream("argocd", "argoproj+argo-helm", "charts/argo-cd", "argo-cd-{version}"),
+}
+
+
+def schema_paths(schema: dict, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Every key path the closed schema accepts, down to its leaves (an object without listed
+    properties is a leaf: the double takes any map there)."""
+    found: set[tuple[str, ...]] = set()
+    for key, sub in (schema.get("properties") or {}).items():
+        path = (*prefix, key)
+        found.add(path)
+        if isinstance(sub, dict) and sub.get("properties"):
+            found |= schema_paths(sub, path)
+        elif isinstance(sub, dict) and isinstance(sub.get("items"), dict) and sub["items"].get("properties"):
+            found |= schema_paths(sub["items"], (*path, "[]"))  # the keys of each item of a list
+    return found
+
+
+def crd_paths(schema: dict, prefix: tuple[str, ...]) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
+    """(key paths, open maps) of a CRD's OpenAPI schema below `prefix`."""
+    paths: set[tuple[str, ...]] = set()
+    open_maps: set[tuple[str, ...]] = set()
+    for key, sub in (schema.get("properties") or {}).items():
+        path = (*prefix, key)
+        paths.add(path)
+        items = sub.get("items") if isinstance(sub.get("items"), dict) else None
+        target, where = (items, (*path, "[]")) if items is not None else (sub, path)
+        if target.get("properties"):
+            more, more_open = crd_paths(target, where)
+            paths |= more
+            open_maps |= more_open
+        elif target.get("type") == "object" or target.get("x-kubernetes-preserve-unknown-fields"):
+            open_maps.add(where)
+    return paths, open_maps
+
+
+def value_paths(values, prefix: tuple[str, ...] = ()) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
+    """(every key path of a values tree, the paths whose default is an open map: empty or null)."""
+    paths: set[tuple[str, ...]] = set()
+    open_maps: set[tuple[str, ...]] = set()
+    if not isinstance(values, dict):
+        return paths, open_maps
+    for key, sub in values.items():
+        path = (*prefix, str(key))
+        paths.add(path)
+        if sub is None or sub == {} or sub == []:
+            open_maps.add(path)
+            if sub == []:
+                open_maps.add((*path, "[]"))
+        elif isinstance(sub, dict):
+            more, more_open = value_paths(sub, path)
+            paths |= more
+            open_maps |= more_open
+        elif isinstance(sub, list):  # the keys the listed items show
+            for item in sub:
+                more, more_open = value_paths(item, (*path, "[]"))
+                paths |= more
+                open_maps |= more_open
+    return paths, open_maps
+
+
+class RealChart:
+    """The chart's values, subcharts and template references at one git tag."""
+
+    def __init__(self, git_dir: Path, tag: str, upstream: Upstream) -> None:
+        self.git_dir, self.tag, self.chart_dir, self.upstream = git_dir, tag, upstream.chart_dir, upstream
+
+    def _show(self, path: str) -> str | None:
+        done = subprocess.run(["git", "--git-dir", str(self.git_dir), "show", f"{self.tag}:{path}"],
+                              capture_output=True, text=True)
+        return done.stdout if done.returncode == 0 else None
+
+    def _files(self, under: str) -> list[str]:
+        done = subprocess.run(["git", "--git-dir", str(self.git_dir), "ls-tree", "-r", "--name-only", self.tag, under],
+                              capture_output=True, text=True, check=True)
+        return done.stdout.split()
+
+    def known(self) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
+        values = yaml.safe_load(self._show(f"{self.chart_dir}/values.yaml") or "") or {}
+        paths, open_maps = value_paths(values)
+        chart = yaml.safe_load(self._show(f"{self.chart_dir}/Chart.yaml") or "") or {}
+        for dep in chart.get("dependencies") or []:
+            name = dep.get("alias") or dep["name"]
+            sub = yaml.safe_load(self._show(f"{self.chart_dir}/charts/{dep['name']}/values.yaml") or "null")
+            if sub is None:
+                open_maps.add((name,))  # the subchart is not in the tree: nothing to hold its keys against
+                continue
+            more, more_open = value_paths(sub, (name,))
+            paths |= more | {(name,)} | self._template_refs(f"{self.chart_dir}/charts/{dep['name']}/templates", (name,))
+            open_maps |= more_open
+        paths |= self._template_refs(f"{self.chart_dir}/templates", ())
+        for key, crd_file in self.upstream.passthrough:
+            crd = yaml.safe_load(self._show(f"{self.chart_dir}/{crd_file}") or "null")
+            assert crd, f"{self.tag}: {self.chart_dir}/{crd_file} is not in the tree"
+            version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+            spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            more, more_open = crd_paths(spec, (key,))
+            paths |= more | {(key,)}
+            open_maps |= more_open
+            open_maps.discard((key,))  # its keys are the CRD's, not any
+        return paths, open_maps
+
+    def _template_refs(self, under: str, prefix: tuple[str, ...]) -> set[tuple[str, ...]]:
+        found: set[tuple[str, ...]] = set()
+        for path in self._files(under):
+            for ref in TEMPLATE_REF.findall(self._show(path) or ""):
+                parts = (*prefix, *ref.lstrip(".").split("."))
+                found |= {parts[:i] for i in range(1, len(parts) + 1)}
+        return found
+
+
+def accepted(path: tuple[str, ...], paths: set[tuple[str, ...]], open_maps: set[tuple[str, ...]]) -> bool:
+    return path in paths or any(path[:i] in open_maps for i in range(1, len(path)))
+
+
+def releases_of(chart: str) -> list[tuple[str, str]]:
+    """(chart version, first release naming it) for each distinct version the matrix pins."""
+    seen: dict[str, str] = {}
+    for name in matrix.available():
+        body = (matrix.load(name).model_extra or {}).get(UPSTREAMS[chart].component) or {}
+        version = (body.get("chart") or {}).get("version")
+        if version:
+            seen.setdefault(str(version), name)
+    return sorted(seen.items())
+
+
+CASES = [(chart, version, release) for chart in sorted(UPSTREAMS) for version, release in releases_of(chart)]
+
+
+@pytest.mark.parametrize(("chart", "version", "release"), CASES, ids=[f"{c}-{v}" for c, v, _ in CASES])
+def test_every_key_a_double_accepts_is_one_the_real_chart_has(chart, version, release):
+    upstream = UPSTREAMS[chart]
+    git_dir = SOURCES / upstream.repository / "repo"
+    if not git_dir.is_dir():
+        pytest.skip(f"{upstream.repository.replace('+', '/')}'s source tree is not on this machine ({git_dir})")
+    tag = upstream.tag.format(version=version)
+    if subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "--verify", "-q", f"{tag}^{{commit}}"],
+                      capture_output=True).returncode != 0:
+        pytest.fail(f"{release} pins {chart} {version}, but {upstream.repository.replace('+', '/')} has no tag {tag}")
+    paths, open_maps = RealChart(git_dir, tag, upstream).known()
+    assert len(paths) > 20, f"{chart} {tag}: the real chart's values did not read"
+    double = schema_paths(json.loads((DOUBLES / chart / "values.schema.json").read_text()))
+    unknown = sorted(".".join(p) for p in double if not accepted(p, paths, open_maps))
+    assert not unknown, (f"the {chart} double accepts keys the real chart {tag} does not have "
+                         f"(values.yaml, a subchart or a template): {unknown}")
+    left_out = sorted({p[0] for p in paths if len(p) == 1} - {p[0] for p in double})
+    print(f"{chart} {tag} ({release}): the double holds {len(double)} of the real chart's {len(paths)} key paths; "
+          f"top-level sections it leaves out: {', '.join(left_out) or 'none'}")
+
+
+def test_a_key_the_real_chart_lacks_is_caught(tmp_path):
+    """The check fails for a key the real values and templates never name, accepts one under an
+    open map, and reads a subchart's keys under its name."""
+    paths, open_maps = value_paths({"driver": {"enabled": True, "env": [], "licensingConfig": {}},
+                                    "nodeSelector": None})
+    assert accepted(("driver", "enabled"), paths, open_maps)
+    assert accepted(("driver", "licensingConfig", "secretName"), paths, open_maps)
+    assert accepted(("nodeSelector", "role"), paths, open_maps)
+    assert not accepted(("driver", "kernelModuleTypo"), paths, open_maps)
+    assert not accepted(("cdi", "default"), paths, open_maps)
+    schema = {"properties": {"driver": {"type": "object", "properties": {"enabled": {}, "version": {}}},
+                             "labels": {"type": "object"}}}
+    assert schema_paths(schema) == {("driver",), ("driver", "enabled"), ("driver", "version"), ("labels",)}
+    # A value passed whole into a custom resource: its keys are the CRD's.
+    crd = {"properties": {"registry": {"type": "string"},
+                          "calicoNetwork": {"type": "object", "properties": {
+                              "ipPools": {"type": "array", "items": {"type": "object", "properties": {"cidr": {}}}}}},
+                          "nodeMetricsPort": {"type": "object"}}}
+    paths, open_maps = crd_paths(crd, ("installation",))
+    assert accepted(("installation", "calicoNetwork", "ipPools", "[]", "cidr"), paths, open_maps)
+    assert accepted(("installation", "nodeMetricsPort", "anything"), paths, open_maps)
+    assert not accepted(("installation", "calicoNetwork", "ipPool"), paths, open_maps)
+    assert not accepted(("installation", "calicoNetwork", "ipPools", "[]", "cidrs"), paths, open_maps)
