@@ -122,13 +122,13 @@ def test_mig_mixed_layouts(rendered):
 def test_precompiled_images_per_node_kernel(rendered):
     inventory, addons = rendered["precompiled_per_kernel"]
     values = load(addons, "gpu-operator/values.yaml")
-    assert values["driver"]["usePrecompiled"] is True and values["driver"]["version"] == "570"
+    assert values["driver"]["usePrecompiled"] is True and values["driver"]["version"] == "580"
     cluster = load_cluster(inventory)
     release = matrix.load(cluster.settings.release)
     drivers = sorted(str(i.ref) for i in build(release, Target.of(cluster, release)).images if "/driver:" in str(i.ref))
-    assert drivers == ["nvcr.io/nvidia/driver:570-5.15.0-1032-nvidia-ubuntu22.04",
-                       "nvcr.io/nvidia/driver:570-5.15.0-1048-nvidia-ubuntu22.04",
-                       "nvcr.io/nvidia/driver:570-6.8.0-1013-nvidia-ubuntu24.04"]
+    assert drivers == ["nvcr.io/nvidia/driver:580-5.15.0-1032-nvidia-ubuntu22.04",
+                       "nvcr.io/nvidia/driver:580-5.15.0-1048-nvidia-ubuntu22.04",
+                       "nvcr.io/nvidia/driver:580-6.8.0-1013-nvidia-ubuntu24.04"]
 
 
 def test_preinstalled_drivers_deploy_none(rendered):
@@ -144,7 +144,7 @@ def test_mixed_driver_kinds_get_one_nvidiadriver_each(rendered):
     assert values["driver"]["nvidiaDriverCRD"] == {"enabled": True, "deployDefaultCR": False}
     drivers = [d for d in yaml.safe_load_all((addons / "gpu-operator" / "nvidia-drivers.yaml").read_text()) if d]
     assert [(d["metadata"]["name"], d["spec"]["usePrecompiled"], d["spec"]["version"]) for d in drivers] == [
-        ("gpuboot-container", False, "570.172.08"), ("gpuboot-precompiled", True, "570")]
+        ("gpuboot-container", False, "580.178.04"), ("gpuboot-precompiled", True, "580")]
     labels = node_labels(addons)
     assert labels["h100-02"]["gpuboot.io/gpu-driver"] == "container"
     assert labels["dgx-01"] == {"nvidia.com/device-plugin.config": "default", "nvidia.com/gpu.deploy.driver": "false",

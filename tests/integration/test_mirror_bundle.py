@@ -319,7 +319,7 @@ def test_up_refuses_to_start_image_pulling_phases_while_the_mirror_lacks_artifac
     monkeypatch.setenv("GPUBOOT_STATE_DIR", str(tmp_path / "state"))
     code, out = gpuboot(capsys, "up", str(inventory), "--only", "gpu_operator")
     assert code == 6, out
-    assert "lacks" in out and "nvcr.io/nvidia/driver:570-5.15.0-1032-nvidia-ubuntu22.04: not in the mirror" in out
+    assert "lacks" in out and "nvcr.io/nvidia/driver:580-5.15.0-1032-nvidia-ubuntu22.04: not in the mirror" in out
     assert "gpuboot mirror import" in out
     assert not (tmp_path / "state").exists() or not list((tmp_path / "state").rglob("runs/*"))  # no host touched
     # Node preparation pulls no images: the check does not stand in its way.

@@ -161,5 +161,5 @@ def test_mirror_plan_cli_counts_and_reports_unpinned(capsys):
     summary = data["summary"]
     assert summary["total"] == len(data["artifacts"]) == summary["images"] + summary["charts"] + summary["packages"]
     assert len(summary["unpinned"]) == summary["images"] + summary["charts"]  # no digests pinned yet
-    assert any(a["ref"].startswith("nvcr.io/nvidia/driver:570-5.15.0-1032-nvidia") for a in data["artifacts"])
+    assert any(a["ref"].startswith("nvcr.io/nvidia/driver:580-5.15.0-1032-nvidia") for a in data["artifacts"])
     assert run(["mirror", "plan", str(SAMPLE), "--release", "k8s-1.36"]) == 2

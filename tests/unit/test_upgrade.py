@@ -86,7 +86,9 @@ def test_plan_of_the_sample_matches_golden_and_touches_nothing(capsys):
                 "--batch", "100%"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["upgrade"]["batches"] == [["cpu01", "gpu01", "gpu02"]]
-    assert [s["node"] for s in data["steps"]] == ["cp01", "cp01", "cp01", "cp02", "cp03", "cpu01", "gpu01", "gpu02"]
+    # The sample's precompiled drivers move from branch 580 to 595: one driver step per GPU node.
+    assert [s["node"] for s in data["steps"]] == ["cp01", "cp01", "cp01", "cp02", "cp03", "cpu01", "gpu01", "gpu02",
+                                                  "gpu01", "gpu02"]
 
 
 def test_refusals_name_the_reason_and_exit_7(capsys):
@@ -184,34 +186,35 @@ driver = load_module("gpuboot_driver_upgrade")
 MIXED_DRIVERS = ROOT / "tests" / "corpus" / "gpu" / "mixed_drivers" / "inventory.yml"
 
 
-def test_gpu_drivers_move_only_where_the_operator_manages_them_and_the_release_changes_them(tmp_path, capsys,
-                                                                                        monkeypatch):
+def test_gpu_drivers_move_only_where_the_operator_manages_them_and_the_release_changes_them(tmp_path, capsys):
     # The mixed-drivers fleet at the release before: a driver container on h100-02, precompiled
-    # on h100-01 (same branch in both releases: its tag does not move), the host's on dgx-01.
-    # The matrix's 1.36 and 1.37 carry the same driver: a copy whose 1.36 has the older patch of
-    # the branch stands for a release that moves it.
-    releases = tmp_path / "releases"
-    releases.mkdir()
-    for name in ("k8s-1.36", "k8s-1.37"):
-        (releases / f"{name}.yml").write_text((matrix.content.releases_dir() / f"{name}.yml").read_text())
-    older = releases / "k8s-1.36.yml"
-    assert 'driver_version: "570.172.08"' in older.read_text()
-    older.write_text(older.read_text().replace('driver_version: "570.172.08"', 'driver_version: "570.158.01"'))
-    monkeypatch.setattr(matrix.content, "releases_dir", lambda: releases)
+    # on h100-01 (1.36 -> 1.37 moves the branch 580 -> 595, so its tag moves too), the host's
+    # on dgx-01 (never part of an upgrade).
     inventory = tmp_path / "inventory.yml"
-    inventory.write_text(MIXED_DRIVERS.read_text().replace("release: k8s-1.37", "release: k8s-1.36"))
+    inventory.write_text(MIXED_DRIVERS.read_text())
+    assert "release: k8s-1.36" in inventory.read_text()
     plan = plan_upgrade(load_cluster(str(inventory)), "k8s-1.37", driver_timeout=900)
     assert [(c.node, c.kind, c.from_tag, c.to_tag) for c in plan.gpu_drivers] == [
-        ("h100-02", "container", "570.158.01", "570.172.08")]
+        ("h100-01", "precompiled", "580", "595"), ("h100-02", "container", "580.178.04", "595.91.07")]
     assert plan.phases[-1] == "upgrade_gpu_driver"
-    assert plan.as_data()["gpu_drivers"] == {"h100-02": "570.172.08"} and plan.as_data()["driver_timeout"] == 900
+    assert plan.as_data()["gpu_drivers"] == {"h100-01": "595", "h100-02": "595.91.07"}
+    assert plan.as_data()["driver_timeout"] == 900
     assert run(["upgrade", str(inventory), "--to", "k8s-1.37", "--plan"]) == 0
     said = capsys.readouterr().out
-    assert "h100-02  GPU driver     container driver 570.158.01 -> 570.172.08 by the GPU Operator's upgrade " \
+    assert "h100-02  GPU driver     container driver 580.178.04 -> 595.91.07 by the GPU Operator's upgrade " \
            "controller" in said
-    assert "h100-01  GPU driver" not in said and "dgx-01   GPU driver" not in said
-    # The sample's drivers are precompiled, and the branch stays: no driver phase.
-    assert "upgrade_gpu_driver" not in plan_upgrade(load_cluster(str(SAMPLE)), "k8s-1.37").phases
+    assert "h100-01  GPU driver" in said and "dgx-01   GPU driver" not in said
+    # A release that keeps the drivers has no driver phase: k8s-1.36 over itself at a later patch.
+    releases = tmp_path / "releases"
+    releases.mkdir()
+    same = (matrix.content.releases_dir() / "k8s-1.36.yml").read_text()
+    (releases / "k8s-1.36.yml").write_text(same)
+    (releases / "k8s-1.36-patch.yml").write_text(
+        same.replace("name: k8s-1.36", "name: k8s-1.36-patch").replace("v1.36.3", "v1.36.4")
+        .replace("upgrades_from: [k8s-1.35]", "upgrades_from: [k8s-1.36]"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matrix.content, "releases_dir", lambda: releases)
+        assert "upgrade_gpu_driver" not in plan_upgrade(load_cluster(str(inventory)), "k8s-1.36-patch").phases
     with pytest.raises(UsageError, match="driver-timeout"):
         plan_upgrade(load_cluster(str(inventory)), "k8s-1.37", driver_timeout=5)
 
