@@ -159,6 +159,31 @@ class RealChart:
         return found
 
 
+def storage_schema(crd: dict) -> dict:
+    version = next((v for v in crd["spec"]["versions"] if v.get("storage")), crd["spec"]["versions"][0])
+    return version["schema"]["openAPIV3Schema"]
+
+
+def real_crd(git_dir: Path, tag: str, name: str, chart_dir: str) -> tuple[str, dict] | None:
+    """(file, CRD) of the CustomResourceDefinition `name` in the repository at `tag`: the chart's
+    own copy first, else the one the operator's manifests carry."""
+    done = subprocess.run(["git", "--git-dir", str(git_dir), "grep", "-l", "-F", f"name: {name}", tag, "--",
+                           "*.yaml", "*.yml"], capture_output=True, text=True)
+    files = sorted((line.split(":", 1)[1] for line in done.stdout.split()), key=lambda f: not f.startswith(chart_dir))
+    for path in files:
+        text = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{tag}:{path}"], capture_output=True,
+                              text=True).stdout
+        try:
+            docs = list(yaml.safe_load_all(text))
+        except yaml.YAMLError:
+            continue  # a template, not a manifest
+        for doc in docs:
+            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition" \
+                    and doc.get("metadata", {}).get("name") == name:
+                return path, doc
+    return None
+
+
 def accepted(path: tuple[str, ...], paths: set[tuple[str, ...]], open_maps: set[tuple[str, ...]]) -> bool:
     return path in paths or any(path[:i] in open_maps for i in range(1, len(path)))
 
@@ -196,6 +221,40 @@ def test_every_key_a_double_accepts_is_one_the_real_chart_has(chart, version, re
     left_out = sorted({p[0] for p in paths if len(p) == 1} - {p[0] for p in double})
     print(f"{chart} {tag} ({release}): the double holds {len(double)} of the real chart's {len(paths)} key paths; "
           f"top-level sections it leaves out: {', '.join(left_out) or 'none'}")
+
+
+CRD_CASES = [case for case in CASES if (DOUBLES / case[0] / "crds").is_dir()]
+
+
+@pytest.mark.parametrize(("chart", "version", "release"), CRD_CASES, ids=[f"{c}-{v}" for c, v, _ in CRD_CASES])
+def test_every_field_a_double_crd_accepts_is_one_the_real_crd_has(chart, version, release):
+    """The custom resources gpuboot applies are held by the doubles' CRDs (strict server-side
+    apply): each field they accept must be one the real CRD at the pinned tag has."""
+    upstream = UPSTREAMS[chart]
+    git_dir = SOURCES / upstream.repository / "repo"
+    if not git_dir.is_dir():
+        pytest.skip(f"{upstream.repository.replace('+', '/')}'s source tree is not on this machine ({git_dir})")
+    doubles = sorted((DOUBLES / chart / "crds").glob("*.yaml"))
+    assert doubles, f"the {chart} double's crds/ is empty"
+    tag = upstream.tag.format(version=version)
+    problems, compared = [], []
+    for path in doubles:
+        double = yaml.safe_load(path.read_text())
+        name = double["metadata"]["name"]
+        found = real_crd(git_dir, tag, name, upstream.chart_dir)
+        if found is None:
+            problems.append(f"{name}: no such CRD in {upstream.repository.replace('+', '/')} at {tag}")
+            continue
+        real_file, real = found
+        paths, open_maps = crd_paths(storage_schema(real)["properties"]["spec"], ("spec",))
+        paths.add(("spec",))
+        wanted = {("spec", *p) for p in schema_paths(storage_schema(double)["properties"]["spec"])}
+        unknown = sorted(".".join(p) for p in wanted if not accepted(p, paths, open_maps))
+        if unknown:
+            problems.append(f"{name} (real: {real_file}): {unknown}")
+        compared.append(f"{name} {len(wanted)} of {len(paths)} fields")
+    assert not problems, f"the {chart} double's CRDs accept what the real ones at {tag} do not: {problems}"
+    print(f"{chart} {tag} CRDs: " + "; ".join(compared))
 
 
 def test_a_key_the_real_chart_lacks_is_caught(tmp_path):
