@@ -211,7 +211,7 @@ def test_gpu_drivers_move_only_where_the_operator_manages_them_and_the_release_c
     (releases / "k8s-1.36.yml").write_text(same)
     (releases / "k8s-1.36-patch.yml").write_text(
         same.replace("name: k8s-1.36", "name: k8s-1.36-patch").replace("v1.36.3", "v1.36.4")
-        .replace("upgrades_from: [k8s-1.35]", "upgrades_from: [k8s-1.36]"))
+        .replace("upgrades_from: []", "upgrades_from: [k8s-1.36]"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(matrix.content, "releases_dir", lambda: releases)
         assert "upgrade_gpu_driver" not in plan_upgrade(load_cluster(str(inventory)), "k8s-1.36-patch").phases
