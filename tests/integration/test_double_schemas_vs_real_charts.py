@@ -55,19 +55,12 @@ UPSTREAMS = {
 def schema_paths(schema: dict, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
     """Every key path the closed schema accepts, down to its leaves (an object without listed
     properties is a leaf: the double takes any map there)."""
-    found: set[tuple[str, ...]] = set()
-    for key, sub in (schema.get("properties") or {}).items():
-        path = (*prefix, key)
-        found.add(path)
-        if isinstance(sub, dict) and sub.get("properties"):
-            found |= schema_paths(sub, path)
-        elif isinstance(sub, dict) and isinstance(sub.get("items"), dict) and sub["items"].get("properties"):
-            found |= schema_paths(sub["items"], (*path, "[]"))  # the keys of each item of a list
-    return found
+    return crd_paths(schema, prefix)[0]
 
 
 def crd_paths(schema: dict, prefix: tuple[str, ...]) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
-    """(key paths, open maps) of a CRD's OpenAPI schema below `prefix`."""
+    """(key paths, open maps) of an OpenAPI schema (a CRD's, or a chart's values schema) below
+    `prefix`; the keys of a list's items are under "[]"."""
     paths: set[tuple[str, ...]] = set()
     open_maps: set[tuple[str, ...]] = set()
     for key, sub in (schema.get("properties") or {}).items():
@@ -109,6 +102,29 @@ def value_paths(values, prefix: tuple[str, ...] = ()) -> tuple[set[tuple[str, ..
     return paths, open_maps
 
 
+def git(git_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "--git-dir", str(git_dir), *args], capture_output=True, text=True)
+
+
+def show(git_dir: Path, tag: str, path: str) -> str | None:
+    """A file of the repository at `tag`, or None where it has none."""
+    done = git(git_dir, "show", f"{tag}:{path}")
+    return done.stdout if done.returncode == 0 else None
+
+
+def source_tree(chart: str, version: str, release: str) -> tuple[Upstream, Path, str]:
+    """(upstream, git directory, tag) of the chart at the version the release pins; skips where
+    the source tree is not on this machine, fails where it lacks the tag."""
+    upstream = UPSTREAMS[chart]
+    git_dir = SOURCES / upstream.repository / "repo"
+    if not git_dir.is_dir():
+        pytest.skip(f"{upstream.repository.replace('+', '/')}'s source tree is not on this machine ({git_dir})")
+    tag = upstream.tag.format(version=version)
+    if git(git_dir, "rev-parse", "--verify", "-q", f"{tag}^{{commit}}").returncode != 0:
+        pytest.fail(f"{release} pins {chart} {version}, but {upstream.repository.replace('+', '/')} has no tag {tag}")
+    return upstream, git_dir, tag
+
+
 class RealChart:
     """The chart's values, subcharts and template references at one git tag."""
 
@@ -116,13 +132,11 @@ class RealChart:
         self.git_dir, self.tag, self.chart_dir, self.upstream = git_dir, tag, upstream.chart_dir, upstream
 
     def _show(self, path: str) -> str | None:
-        done = subprocess.run(["git", "--git-dir", str(self.git_dir), "show", f"{self.tag}:{path}"],
-                              capture_output=True, text=True)
-        return done.stdout if done.returncode == 0 else None
+        return show(self.git_dir, self.tag, path)
 
     def _files(self, under: str) -> list[str]:
-        done = subprocess.run(["git", "--git-dir", str(self.git_dir), "ls-tree", "-r", "--name-only", self.tag, under],
-                              capture_output=True, text=True, check=True)
+        done = git(self.git_dir, "ls-tree", "-r", "--name-only", self.tag, under)
+        done.check_returncode()
         return done.stdout.split()
 
     def known(self) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
@@ -167,14 +181,11 @@ def storage_schema(crd: dict) -> dict:
 def real_crd(git_dir: Path, tag: str, name: str, chart_dir: str) -> tuple[str, dict] | None:
     """(file, CRD) of the CustomResourceDefinition `name` in the repository at `tag`: the chart's
     own copy first, else the one the operator's manifests carry."""
-    done = subprocess.run(["git", "--git-dir", str(git_dir), "grep", "-l", "-F", f"name: {name}", tag, "--",
-                           "*.yaml", "*.yml"], capture_output=True, text=True)
+    done = git(git_dir, "grep", "-l", "-F", f"name: {name}", tag, "--", "*.yaml", "*.yml")
     files = sorted((line.split(":", 1)[1] for line in done.stdout.split()), key=lambda f: not f.startswith(chart_dir))
     for path in files:
-        text = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{tag}:{path}"], capture_output=True,
-                              text=True).stdout
         try:
-            docs = list(yaml.safe_load_all(text))
+            docs = list(yaml.safe_load_all(show(git_dir, tag, path) or ""))
         except yaml.YAMLError:
             continue  # a template, not a manifest
         for doc in docs:
@@ -204,14 +215,7 @@ CASES = [(chart, version, release) for chart in sorted(UPSTREAMS) for version, r
 
 @pytest.mark.parametrize(("chart", "version", "release"), CASES, ids=[f"{c}-{v}" for c, v, _ in CASES])
 def test_every_key_a_double_accepts_is_one_the_real_chart_has(chart, version, release):
-    upstream = UPSTREAMS[chart]
-    git_dir = SOURCES / upstream.repository / "repo"
-    if not git_dir.is_dir():
-        pytest.skip(f"{upstream.repository.replace('+', '/')}'s source tree is not on this machine ({git_dir})")
-    tag = upstream.tag.format(version=version)
-    if subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "--verify", "-q", f"{tag}^{{commit}}"],
-                      capture_output=True).returncode != 0:
-        pytest.fail(f"{release} pins {chart} {version}, but {upstream.repository.replace('+', '/')} has no tag {tag}")
+    upstream, git_dir, tag = source_tree(chart, version, release)
     paths, open_maps = RealChart(git_dir, tag, upstream).known()
     assert len(paths) > 20, f"{chart} {tag}: the real chart's values did not read"
     double = schema_paths(json.loads((DOUBLES / chart / "values.schema.json").read_text()))
@@ -230,13 +234,9 @@ CRD_CASES = [case for case in CASES if (DOUBLES / case[0] / "crds").is_dir()]
 def test_every_field_a_double_crd_accepts_is_one_the_real_crd_has(chart, version, release):
     """The custom resources gpuboot applies are held by the doubles' CRDs (strict server-side
     apply): each field they accept must be one the real CRD at the pinned tag has."""
-    upstream = UPSTREAMS[chart]
-    git_dir = SOURCES / upstream.repository / "repo"
-    if not git_dir.is_dir():
-        pytest.skip(f"{upstream.repository.replace('+', '/')}'s source tree is not on this machine ({git_dir})")
+    upstream, git_dir, tag = source_tree(chart, version, release)
     doubles = sorted((DOUBLES / chart / "crds").glob("*.yaml"))
     assert doubles, f"the {chart} double's crds/ is empty"
-    tag = upstream.tag.format(version=version)
     problems, compared = [], []
     for path in doubles:
         double = yaml.safe_load(path.read_text())
