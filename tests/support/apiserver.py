@@ -82,6 +82,9 @@ class ApiServer:
                 str(self.bin_dir / "kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
                 "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+                # 1.37 refuses a loopback address for the kubernetes Service endpoints; no pod
+                # here needs that Service, so nothing reconciles it.
+                "--endpoint-reconciler-type=none",
                 f"--tls-cert-file={pki}/apiserver.crt", f"--tls-private-key-file={pki}/apiserver.key",
                 f"--client-ca-file={pki}/ca.crt",
                 f"--service-account-key-file={pki}/sa.pub", f"--service-account-signing-key-file={pki}/sa.key",
