@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 bash bootstrap/setup.sh
 gpuboot=.venv/bin/gpuboot
 inventory=inventories/lab/inventory.yml
-release=k8s-1.36
+release=$(.venv/bin/python -c 'from gpuboot_lab import LAB_RELEASE; print(LAB_RELEASE)')
 version=$(.venv/bin/python -c "from gpuboot import matrix; print(matrix.load('$release').kubernetes.version)")
 "$gpuboot" lab kubernetes build --version "$version"
 bundle=.gpuboot/_lab/bundle-$version

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from gpuboot.cli.core import App, pass_app
+from gpuboot_lab import LAB_RELEASE
 
 LAB_INVENTORY = "inventories/lab/inventory.yml"
 VERSION_HELP = ("A Kubernetes version of the matrix; default: the one the lab inventory's release uses "
@@ -34,7 +35,7 @@ def lab() -> None:
 @click.option("--subnet", default="10.213.0.0/24", show_default=True)
 @click.option("--flavour", type=click.Choice(["plain", "containerd", "kubernetes"]), default="plain", show_default=True,
               help="containerd: privileged nodes with their own /var/lib/containerd; kubernetes: kind-like nodes for kubelet.")
-@click.option("--release", default="k8s-1.36", show_default=True)
+@click.option("--release", default=LAB_RELEASE, show_default=True)
 @click.option("--inventory", "inventory", default=LAB_INVENTORY, show_default=True, type=click.Path(dir_okay=False))
 @pass_app
 def lab_up(app: App, name, control_planes, workers, gpu_workers, subnet, flavour, release, inventory) -> None:

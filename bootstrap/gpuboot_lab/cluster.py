@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuboot_lab import aptcache, firewall, gitserver
+from gpuboot_lab import LAB_RELEASE, aptcache, firewall, gitserver
 from gpuboot_lab import mirror as lab_mirror
 from gpuboot_lab.errors import LabError
 from gpuboot_lab.image import ensure_image
@@ -35,7 +35,7 @@ class LabSpec:
     # plain: unprivileged systemd nodes | containerd: privileged, own /var/lib/containerd |
     # kubernetes: kind's node settings, for kubelet and real kubeadm (privileged, own /var)
     flavour: str = "plain"
-    release: str = "k8s-1.36"
+    release: str = LAB_RELEASE
 
     def nodes(self) -> list[tuple[str, str]]:
         """(host name, group) in inventory order."""

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from gpuboot.net import free_port
+from gpuboot_lab import LAB_RELEASE
 from gpuboot_lab.errors import LabError
 from gpuboot_lab.image import PACKAGES, RECIPE_VERSION, SUITE, debian_sources
 from gpuboot_lab.process import stop_own_process
@@ -165,7 +166,7 @@ class VmLab:
             "vars": {
                 "ansible_python_interpreter": "/usr/bin/python3",
                 "ansible_ssh_extra_args": f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes",
-                "gpuboot": {"cluster_name": state.name, "release": "k8s-1.36",
+                "gpuboot": {"cluster_name": state.name, "release": LAB_RELEASE,
                             "control_plane": {"vip": "10.213.250.250"},
                             "ssh": {"user": "root", "private_key_file": str(self._key())}},
             },
