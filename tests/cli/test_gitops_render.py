@@ -79,13 +79,18 @@ def test_addons_are_what_up_applies(case: str, tmp_path: Path):
         assert (repo / "addons" / addon.name / "values.yaml").read_text() == (applied / "values.yaml").read_text()
         # The Application renders the chart as the phase's `helm template` does.
         app = yaml.safe_load((repo / "argocd" / "applications" / f"addon-{addon.name}.yaml").read_text())
-        chart, values, overlay = app["spec"]["sources"]
+        *crds, chart, values, overlay = app["spec"]["sources"]
         install = _install_chart_vars(playbooks / f"{addon.phase}.yml")
         assert chart["helm"]["releaseName"] == install["chart_install_release"]
-        matrix_chart = cluster.extravars()["gpuboot_release"][addon.chart]["chart"]
-        assert (chart["chart"], chart["targetRevision"]) == (matrix_chart["name"], str(matrix_chart["version"]))
+        entry = cluster.extravars()["gpuboot_release"][addon.chart]
         registry = cluster.settings.mirror.registry
-        assert chart["repoURL"] == (f"{registry}/charts" if registry else matrix_chart["repository"])
+        # The CRDs' own chart (Calico from v3.32) comes first, as the phase renders and applies it.
+        assert len(crds) == (1 if entry.get("crd_chart") else 0)
+        assert not entry.get("crd_chart") or "chart_install_crd_chart" in install
+        for source, matrix_chart in zip([*crds, chart], [entry[k] for k in ("crd_chart", "chart") if entry.get(k)],
+                                        strict=True):
+            assert (source["chart"], source["targetRevision"]) == (matrix_chart["name"], str(matrix_chart["version"]))
+            assert source["repoURL"] == (f"{registry}/charts" if registry else matrix_chart["repository"])
         namespace = [o for o in _objects((applied / "namespace.yaml").read_text()) if o["kind"] == "Namespace"]
         assert app["spec"]["destination"]["namespace"] == namespace[0]["metadata"]["name"]
         assert chart["helm"]["valueFiles"] == [f"$values/{repo.relative_to(tmp_path / 'repo')}/addons/{addon.name}/values.yaml"]

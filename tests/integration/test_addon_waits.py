@@ -40,7 +40,7 @@ def status(api, kind: str, name: str, body: dict) -> None:
 
 
 def test_calico_wait_passes_when_available_and_names_the_degraded_component(api, tmp_path):
-    api.kubectl("apply", "--server-side", "-f", str(CRDS / "tigera-operator" / "crds" /
+    api.kubectl("apply", "--server-side", "-f", str(CRDS / "crd.projectcalico.org.v1" / "templates" /
                                                     "operator.tigera.io_tigerastatuses.yaml"))
     api.kubectl("wait", "--for=condition=Established", "crd/tigerastatuses.operator.tigera.io")
     for name in ("calico", "apiserver"):

@@ -35,8 +35,10 @@ class Upstream:
     chart_dir: str
     tag: str  # format of the git tag for a chart version
     # Values the chart's templates pass whole into a custom resource's spec (`omit .Values.x
-    # "enabled" | toYaml`): their keys are held against that CRD's schema (a file in the chart).
+    # "enabled" | toYaml`): their keys are held against that CRD's schema (found by name at the
+    # tag: in the chart up to Calico v3.31, in the CRD chart from v3.32).
     passthrough: tuple[tuple[str, str], ...] = ()
+    key: str = "chart"  # the key of the matrix entry naming the chart (crd_chart: a CRDs' chart)
 
 
 UPSTREAMS = {
@@ -44,10 +46,12 @@ UPSTREAMS = {
     "network-operator": Upstream("network_operator", "Mellanox+network-operator", "deployment/network-operator",
                                  "v{version}"),
     "tigera-operator": Upstream("calico", "projectcalico+calico", "charts/tigera-operator", "{version}", (
-        ("installation", "crds/operator.tigera.io_installations_crd.yaml"),
-        ("apiServer", "crds/operator.tigera.io_apiservers_crd.yaml"),
-        ("goldmane", "crds/operator.tigera.io_goldmanes_crd.yaml"),
-        ("whisker", "crds/operator.tigera.io_whiskers_crd.yaml"))),
+        ("installation", "installations.operator.tigera.io"),
+        ("apiServer", "apiservers.operator.tigera.io"),
+        ("goldmane", "goldmanes.operator.tigera.io"),
+        ("whisker", "whiskers.operator.tigera.io"))),
+    "crd.projectcalico.org.v1": Upstream("calico", "projectcalico+calico", "charts/crd.projectcalico.org.v1",
+                                         "{version}", key="crd_chart"),
     "argo-cd": Upstream("argocd", "argoproj+argo-helm", "charts/argo-cd", "argo-cd-{version}"),
 }
 
@@ -153,11 +157,10 @@ class RealChart:
             paths |= more | {(name,)} | self._template_refs(f"{self.chart_dir}/charts/{dep['name']}/templates", (name,))
             open_maps |= more_open
         paths |= self._template_refs(f"{self.chart_dir}/templates", ())
-        for key, crd_file in self.upstream.passthrough:
-            crd = yaml.safe_load(self._show(f"{self.chart_dir}/{crd_file}") or "null")
-            assert crd, f"{self.tag}: {self.chart_dir}/{crd_file} is not in the tree"
-            version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
-            spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        for key, crd_name in self.upstream.passthrough:
+            found = real_crd(self.git_dir, self.tag, crd_name, self.chart_dir)
+            assert found, f"{self.tag}: no CRD {crd_name} in the tree"
+            spec = storage_schema(found[1])["properties"]["spec"]
             more, more_open = crd_paths(spec, (key,))
             paths |= more | {(key,)}
             open_maps |= more_open
@@ -204,16 +207,28 @@ def releases_of(chart: str) -> list[tuple[str, str]]:
     seen: dict[str, str] = {}
     for name in matrix.available():
         body = (matrix.load(name).model_extra or {}).get(UPSTREAMS[chart].component) or {}
-        version = (body.get("chart") or {}).get("version")
+        version = (body.get(UPSTREAMS[chart].key) or {}).get("version")
         if version:
             seen.setdefault(str(version), name)
     return sorted(seen.items())
 
 
 CASES = [(chart, version, release) for chart in sorted(UPSTREAMS) for version, release in releases_of(chart)]
+# A CRDs' chart takes no values: its double has no values schema to hold.
+VALUE_CASES = [case for case in CASES if (DOUBLES / case[0] / "values.schema.json").is_file()]
 
 
-@pytest.mark.parametrize(("chart", "version", "release"), CASES, ids=[f"{c}-{v}" for c, v, _ in CASES])
+def double_crds(chart: str) -> list[Path]:
+    """The CRD files of a chart double: its crds/, or its templates (a CRDs' chart)."""
+    if (DOUBLES / chart / "crds").is_dir():
+        return sorted((DOUBLES / chart / "crds").glob("*.yaml"))
+    # Templates are read only for a chart without values (the others' are Helm templates).
+    if (DOUBLES / chart / "values.schema.json").is_file():
+        return []
+    return sorted((DOUBLES / chart / "templates").glob("*.yaml"))
+
+
+@pytest.mark.parametrize(("chart", "version", "release"), VALUE_CASES, ids=[f"{c}-{v}" for c, v, _ in VALUE_CASES])
 def test_every_key_a_double_accepts_is_one_the_real_chart_has(chart, version, release):
     upstream, git_dir, tag = source_tree(chart, version, release)
     paths, open_maps = RealChart(git_dir, tag, upstream).known()
@@ -227,7 +242,7 @@ def test_every_key_a_double_accepts_is_one_the_real_chart_has(chart, version, re
           f"top-level sections it leaves out: {', '.join(left_out) or 'none'}")
 
 
-CRD_CASES = [case for case in CASES if (DOUBLES / case[0] / "crds").is_dir()]
+CRD_CASES = [case for case in CASES if double_crds(case[0])]
 
 
 @pytest.mark.parametrize(("chart", "version", "release"), CRD_CASES, ids=[f"{c}-{v}" for c, v, _ in CRD_CASES])
@@ -235,8 +250,7 @@ def test_every_field_a_double_crd_accepts_is_one_the_real_crd_has(chart, version
     """The custom resources gpuboot applies are held by the doubles' CRDs (strict server-side
     apply): each field they accept must be one the real CRD at the pinned tag has."""
     upstream, git_dir, tag = source_tree(chart, version, release)
-    doubles = sorted((DOUBLES / chart / "crds").glob("*.yaml"))
-    assert doubles, f"the {chart} double's crds/ is empty"
+    doubles = double_crds(chart)
     problems, compared = [], []
     for path in doubles:
         double = yaml.safe_load(path.read_text())

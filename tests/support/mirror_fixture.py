@@ -67,7 +67,7 @@ def write_release(path: Path, name: str, images: list[str], charts: dict | None 
                   f"  images:\n    lab:\n{listed}  # Images the operators", text)
     # the list's items, one line or several (`    - key: ...` then `      key: ...`)
     text = re.sub(r"  runtime_images:\n(?:    (?:- |  ).*\n)+", "  runtime_images: []\n", text)
-    text = re.sub(r"    chart: \{.*\}\n", "", text)
+    text = re.sub(r"    (?:crd_)?chart: \{.*\}\n", "", text)
     if charts:
         text += "  lab_charts:\n    version: \"1\"\n    chart: " + repr(charts).replace("'", '"') + "\n"
     path.write_text(text)

@@ -160,8 +160,8 @@ class Repository:
         self.applications.append(self.addon_application(KAI_SCHEDULER, "kai_scheduler", KAI_SCHEDULER,
                                                         release=KAI_SCHEDULER, adopted=False))
 
-    def chart_source(self, chart_key: str) -> dict:
-        chart = self.extravars["gpuboot_release"][chart_key]["chart"]
+    def chart_source(self, chart_key: str, field: str = "chart") -> dict:
+        chart = self.extravars["gpuboot_release"][chart_key][field]
         registry = self.cluster.settings.mirror.registry
         # From the mirror: OCI charts/<name>:<version>, the repository `gpuboot mirror push` fills.
         # Argo CD names a Helm OCI repository without its scheme (a repository Secret with
@@ -170,10 +170,15 @@ class Repository:
         return {"repoURL": repo, "chart": chart["name"], "targetRevision": str(chart["version"])}
 
     def chart_sources(self, chart_key: str, release: str, values: Path) -> list[dict]:
-        """A chart from the mirror and its values file in this repository (Argo CD's `$values` ref)."""
+        """A chart from the mirror and its values file in this repository (Argo CD's `$values` ref),
+        after the chart of its CRDs where the matrix names one (crd_chart: the same objects
+        playbooks/tasks/install_chart.yml applies first)."""
+        crds = []
+        if self.extravars["gpuboot_release"][chart_key].get("crd_chart"):
+            crds = [self.chart_source(chart_key, "crd_chart") | {"helm": {"releaseName": f"{release}-crds"}}]
         source = self.chart_source(chart_key)
         source["helm"] = {"releaseName": release, "valueFiles": [f"$values/{values}"]}
-        return [source, {"repoURL": self.gitops.repo_url, "targetRevision": self.gitops.branch, "ref": "values"}]
+        return [*crds, source, {"repoURL": self.gitops.repo_url, "targetRevision": self.gitops.branch, "ref": "values"}]
 
     def public_oci_repositories(self) -> list[dict]:
         """Without a mirror, each upstream OCI chart repository an Application names, declared to

@@ -14,6 +14,8 @@ from gpuboot.errors import MirrorError
 from gpuboot.matrix import Release
 from gpuboot.mirror.refs import ImageRef, parse_image
 
+# The keys of a component's matrix entry that name a chart: its CRDs' chart first where it has one.
+CHART_KEYS = ("crd_chart", "chart")
 PLACEHOLDER = re.compile(r"\{([a-z_]+(?:\.[a-z_]+)?)\}")
 
 
@@ -219,9 +221,12 @@ def build(release: Release, target: Target | None = None) -> Plan:
                            else "kubeadm config images list")
     _runtime_images(plan, release, target)
     for component, body in (release.model_extra or {}).items():
-        chart = body.get("chart") if isinstance(body, dict) else None
-        if chart and component not in left_out:
-            plan.charts.append(PlannedChart(component, chart["repository"], chart["name"],
-                                            str(chart["version"]), chart.get("digest")))
+        if not isinstance(body, dict) or component in left_out:
+            continue
+        # A component may ship its CRDs as a chart of their own (Calico from v3.32).
+        for chart in (body.get(key) for key in CHART_KEYS):
+            if chart:
+                plan.charts.append(PlannedChart(component, chart["repository"], chart["name"],
+                                                str(chart["version"]), chart.get("digest")))
     _packages(plan, release, target)
     return plan
