@@ -42,10 +42,19 @@ HARNESS = ("tests/conftest.py", "tests/integration/conftest.py", "tests/doubles"
 
 
 def digest(paths: tuple[str, ...], root: Path = ROOT) -> str:
-    """Every file under the given repository paths, by name and content."""
+    """Every file under the given repository paths, by name and content, less the roles'
+    molecule scenarios: no lab module runs them (each scenario is keyed on its own, by
+    gpuboot_lab.molecule), so mending one must not void the lab's records."""
     hashed = hashlib.sha256()
-    hash_files(hashed, [root / part for part in sorted(set(paths))], lambda part: root)
+    hash_files(hashed, [part for name in sorted(set(paths)) for part in _keyed(root / name)], lambda part: root)
     return hashed.hexdigest()[:24]
+
+
+def _keyed(path: Path) -> list[Path]:
+    if path.name != "roles" or not path.is_dir():
+        return [path]
+    return sorted(child for role in path.iterdir() if role.is_dir()
+                  for child in role.iterdir() if child.name != "molecule")
 
 
 def _node_image() -> Path | None:

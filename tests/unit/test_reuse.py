@@ -124,3 +124,16 @@ def test_the_key_holds_the_harness_the_lock_and_the_machine():
     key = reuse.ModuleKey.now(Path(__file__), ("ansible.cfg",))
     assert {"python", "go", "host", "env"} <= set(key.parts)
     assert any(p.startswith("ansible-core==") for p in key.parts["python"])
+
+
+def test_a_role_is_keyed_but_not_its_molecule_scenario(tmp_path):
+    tasks = tmp_path / "roles" / "calico" / "tasks" / "main.yml"
+    verify = tmp_path / "roles" / "calico" / "molecule" / "default" / "verify.yml"
+    for file in (tasks, verify):
+        file.parent.mkdir(parents=True)
+        file.write_text("- name: x\n")
+    before = reuse.digest(("roles",), tmp_path)
+    verify.write_text("- name: y\n")
+    assert reuse.digest(("roles",), tmp_path) == before  # molecule keys its scenarios itself
+    tasks.write_text("- name: y\n")
+    assert reuse.digest(("roles",), tmp_path) != before
