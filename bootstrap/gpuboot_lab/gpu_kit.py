@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gpuboot_lab.errors import LabError
 from gpuboot_lab.kubernetes import PAUSE_SOURCE
+from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 
 DEFAULT_CACHE = Path.home() / ".cache" / "gpuboot" / "gpu-kit"
 
@@ -72,8 +73,6 @@ TOOLS = (
 # MarkupSafe are in its image already).
 WHEELS = ("ansible-core==2.19.14", "resolvelib==1.2.1")
 PROBE_IMAGE = "localhost/gpuboot-gpu-probe:v1"
-# Where `fetch` leaves a public repository's git directory on these machines.
-SOURCE_ROOT = Path("/work/.mirror")
 
 
 def go_version() -> str:
@@ -90,12 +89,6 @@ def available_tools(root: Path = SOURCE_ROOT) -> tuple[tuple[GoTool, ...], list[
         else:
             found.append(tool)
     return tuple(found), missing
-
-
-def source_git_dir(repository: str, root: Path = SOURCE_ROOT) -> Path | None:
-    """The bare git directory of a public repository brought onto this machine, if any."""
-    found = root / repository.replace("/", "+") / "repo"
-    return found if (found / "HEAD").is_file() else None
 
 
 class GpuKit:

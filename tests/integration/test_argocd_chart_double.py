@@ -14,8 +14,9 @@ from gpuboot_lab.helm import HelmBuild
 from tests.support.argocd_chart import package
 
 RELEASE = matrix.entry("k8s-1.36")
+REDIS = next(ref for ref in RELEASE["images"]["argocd"] if "/redis:" in ref)
 VALUES = {"global": {"image": {"repository": "quay.io/argoproj/argocd", "tag": RELEASE["argocd"]["version"]}},
-          "redis": {"image": {"repository": "public.ecr.aws/docker/library/redis", "tag": "7.2.8-alpine"}},
+          "redis": {"image": dict(zip(("repository", "tag"), REDIS.split(":"), strict=True))},
           "dex": {"enabled": False},
           "configs": {"ssh": {"knownHosts": "[10.0.0.1]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIdouble\n"}}}
 
