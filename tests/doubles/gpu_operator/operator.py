@@ -121,6 +121,12 @@ class DoubleGpuOperator(DoubleController):
                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                     "containers": [{"name": operand, "image": image, "command": ["/bin/sh", "-c", script],
                                     "terminationMessagePolicy": "FallbackToLogsOnError",
+                                    # Between crash-loop restarts a faulted container runs for an
+                                    # instant; without a probe it counts Ready then and the policy
+                                    # flips to ready (as a real operand's probe keeps it from doing).
+                                    "readinessProbe": {"exec": {"command": [
+                                        "/bin/sh", "-c", f"test ! -e {FAULT_DIR}/fault-{operand}"]},
+                                        "periodSeconds": 2},
                                     "volumeMounts": [{"name": "faults", "mountPath": FAULT_DIR, "readOnly": True}]}],
                     "volumes": [{"name": "faults", "hostPath": {"path": FAULT_DIR, "type": "DirectoryOrCreate"}}]}}}}
 
