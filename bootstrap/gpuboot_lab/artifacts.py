@@ -100,6 +100,7 @@ OOMScoreAdjust=-999
 [Install]
 WantedBy=multi-user.target
 """
+RUNTIME_REPOSITORIES = Path.home() / ".cache" / "gpuboot" / "runtime-apt"
 # containerd.io carries runc and replaces the distribution's separate packages.
 CONTAINERD_IO_FIELDS = {"Provides": "containerd, runc", "Conflicts": "containerd, runc", "Replaces": "containerd, runc"}
 
@@ -302,11 +303,12 @@ def write(version: str | None, out: Path, log: Callable[[str], None] = print) ->
     return LabBundle(out, [a.ref for a in artifacts if a.kind == "image"], packages, not_built)
 
 
-def runtime_repository(release_name: str, out: Path, log: Callable[[str], None] = print) -> Path:
+def runtime_repository(release_name: str, out: Path | None = None, log: Callable[[str], None] = print) -> Path:
     """A flat apt repository holding the release's containerd.io for Debian 12, built as the
-    lab's bundle builds it (for a molecule node, which has no lab mirror): `deb [trusted=yes]
-    file:OUT ./`. Rebuilt only when the package is not there yet."""
+    lab's bundle builds it, for nodes that have no lab mirror (molecule's, the shared test lab's):
+    `deb [trusted=yes] file:OUT ./`. Rebuilt only when the package is not there yet."""
     release = matrix.load(release_name)
+    out = out or RUNTIME_REPOSITORIES / release_name
     runtime = release.os["debian-12"].containerd
     lab_build = (release.model_extra or {}).get("lab_build") or {}
     if runtime["package"] != "containerd.io" or not {"containerd", "runc"} <= lab_build.keys():

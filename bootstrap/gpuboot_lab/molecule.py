@@ -111,8 +111,7 @@ class ScenarioRunner:
             self.image = ensure_image(self.lab.podman, self.lab.cache_dir, self.log)
             # The lab release's containerd.io (containerd 2 and runc from Go modules) as an apt
             # repository a scenario may copy onto its node: molecule has no lab mirror.
-            runtime_repo = artifacts.runtime_repository(LAB_RELEASE, self.lab.cache_dir / "runtime-apt" / LAB_RELEASE,
-                                                        self.log)
+            runtime_repo = artifacts.runtime_repository(LAB_RELEASE, log=self.log)
             self._env = dict(os.environ,
                              GPUBOOT_LAB_APT_REPO=str(runtime_repo),
                              GPUBOOT_MOLECULE_NETWORK=f"gpuboot-{NAME}",
