@@ -55,7 +55,7 @@ def prepared_inventory(lab, tmp_path_factory):
         groups = data["all"]["children"]
         for group in (groups["control_plane"], groups["workers"], groups["workers"]["children"]["gpu_workers"]):
             for vars_ in (group.get("hosts") or {}).values():
-                vars_["kube_packages_apt_repository"] = "deb [trusted=yes] file:/srv/gpuboot-standin ./"
+                vars_["package_source_apt_repository"] = "deb [trusted=yes] file:/srv/gpuboot-standin ./"
 
     return edit_inventory(lab["inventory"], tmp_path_factory.mktemp("prep") / "inventory.yml", use_standin_repo)
 
