@@ -46,11 +46,13 @@ def lab(tmp_path_factory):
     lab = Lab(root / "_lab" / LAB_NAME, log=lambda msg: None)
     lab.down(LAB_NAME)  # a crashed earlier session may have left one behind
     inventory = root / "inventory" / "inventory.yml"
-    state = lab.up(LabSpec(name=LAB_NAME, subnet=LAB_SUBNET), inventory)
-    info = {"lab": lab, "state": state, "inventory": inventory, "root": root}
-    runtime_packages_on_nodes(info)
-    yield info
-    lab.down(LAB_NAME)
+    try:
+        state = lab.up(LabSpec(name=LAB_NAME, subnet=LAB_SUBNET), inventory)
+        info = {"lab": lab, "state": state, "inventory": inventory, "root": root}
+        runtime_packages_on_nodes(info)
+        yield info
+    finally:
+        lab.down(LAB_NAME)
 
 
 @contextmanager
