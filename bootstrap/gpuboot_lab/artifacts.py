@@ -202,6 +202,13 @@ def package_artifact(bundle: Bundle, os_id: str, name: str, version: str, deb: P
                     DEB, [], [blob])
 
 
+def containerd_io_unbuildable(release: matrix.Release) -> str | None:
+    """Why the lab cannot build the release's containerd.io, or None when it can."""
+    lab_build = (release.model_extra or {}).get("lab_build") or {}
+    missing = [name for name in ("containerd", "runc") if name not in lab_build]
+    return f"release {release.name} names no lab_build.{' and lab_build.'.join(missing)} to build it from" if missing else None
+
+
 def containerd_io(builder: KubernetesBuild, version: str, lab_build: dict, package_version: str) -> Deb:
     """The containerd.io package of the lab's nodes, from the containerd and runc companions."""
     built = builder.build_companions(version, ("containerd", "runc"))
@@ -285,11 +292,11 @@ def write(version: str | None, out: Path, log: Callable[[str], None] = print) ->
             debs.insert(0, Deb("cri-tools", str(kube.model_extra["cri_tools"]), {"usr/bin/crictl": (crictl.read_bytes(), 0o755)},
                                "", f"crictl {lab_build['cri_tools']['version']} (gpuboot lab build)"))
         runtime = release.os[os_id].containerd
-        if runtime["package"] == "containerd.io" and {"containerd", "runc"} <= lab_build.keys():
-            debs.insert(0, containerd_io(builder, version, lab_build, str(runtime["version"])))
+        unbuildable = containerd_io_unbuildable(release)
+        if runtime["package"] == "containerd.io" and unbuildable:
+            not_built.append(f"containerd.io={runtime['version']} ({unbuildable})")
         elif runtime["package"] == "containerd.io":
-            not_built.append(f"containerd.io={runtime['version']} (release {release.name} names no lab_build.containerd "
-                             "and lab_build.runc to build it from)")
+            debs.insert(0, containerd_io(builder, version, lab_build, str(runtime["version"])))
         packages = []
         for name, pkg_version, files, depends, description, fields in debs:
             log(f"package {name}={pkg_version}")
@@ -311,8 +318,10 @@ def runtime_repository(release_name: str, out: Path | None = None, log: Callable
     out = out or RUNTIME_REPOSITORIES / release_name
     runtime = release.os["debian-12"].containerd
     lab_build = (release.model_extra or {}).get("lab_build") or {}
-    if runtime["package"] != "containerd.io" or not {"containerd", "runc"} <= lab_build.keys():
-        raise LabError(f"release {release_name} has no containerd.io the lab can build for debian-12",
+    unbuildable = ("its debian-12 containerd is not containerd.io" if runtime["package"] != "containerd.io"
+                   else containerd_io_unbuildable(release))
+    if unbuildable:
+        raise LabError(f"release {release_name} has no containerd.io the lab can build: {unbuildable}",
                        hint=f"name lab_build.containerd and lab_build.runc in mirror/releases/{release_name}.yml")
     deb_name = f"containerd.io_{runtime['version']}_amd64.deb"
     if (out / deb_name).is_file() and (out / "Packages").is_file():
