@@ -126,6 +126,9 @@ class UpgradePlan:
     gpu_drivers: tuple[DriverChange, ...] = ()
     driver_timeout: int = DEFAULT_DRIVER_TIMEOUT
     gate_settle: int = DEFAULT_GATE_SETTLE
+    # The releases' containerd: a node takes the target's while it is drained.
+    from_containerd: str = ""
+    to_containerd: str = ""
 
     @property
     def phases(self) -> tuple[str, ...]:
@@ -136,8 +139,11 @@ class UpgradePlan:
     def node_steps(self) -> list[str]:
         """What every node goes through, in order (a node already at the target is only gated)."""
         v = self.to_version
+        containerd = (f"containerd {self.from_containerd} -> {self.to_containerd} from the mirror (held), restarted: "
+                      "the DaemonSets' containers keep running" if self.from_containerd != self.to_containerd
+                      else f"containerd stays {self.to_containerd} (package and configuration checked)")
         return [f"drain (DaemonSets stay, emptyDir data goes, PodDisruptionBudgets kept, {self.drain_timeout} s at most;"
-                " uncordoned if anything fails)",
+                " uncordoned if anything fails)", containerd,
                 f"kubeadm {v} from the mirror (held)", "its kubeadm upgrade (the step above)",
                 f"kubelet and kubectl {v} from the mirror (held)", "kubelet restarted", "uncordon",
                 f"gate ({self.gate_timeout} s at most): API /readyz through the endpoint, node Ready at {v}, "
@@ -218,7 +224,7 @@ def plan_upgrade(cluster: Cluster, to_release: str, *, canary: int = 1, batch: s
                        target.kubernetes.version, control_planes[0], tuple(control_planes[1:]),
                        tuple(tuple(b) for b in worker_batches(workers, canary, batch)), min(canary, len(workers)),
                        drain_timeout, gate_timeout, resume, driver_changes(cluster, current, target), driver_timeout,
-                       gate_settle)
+                       gate_settle, current.containerd.version, target.containerd.version)
 
 
 def _declared_os(cluster: Cluster) -> set[str]:

@@ -10,6 +10,9 @@ mirror through `mirror import` like any other bundle):
 
 - cri-tools (crictl) at the matrix's package version, built from the lab_build version of
   sigs.k8s.io/cri-tools, which the lab's kubeadm depends on as upstream's does.
+- containerd.io at the matrix's Debian 12 version: containerd 2, ctr, the runc shim and runc
+  from the lab_build versions, with a systemd unit, in place of Debian's containerd and runc
+  as Docker's package is.
 
 What the lab cannot build is listed, not faked (a release without lab_build.cri_tools lists
 cri-tools). etcd, CoreDNS and crictl are built at the matrix's lab_build versions (the nearest
@@ -20,16 +23,18 @@ import gzip
 import hashlib
 import io
 import json
+import shutil
 import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from gpuboot import matrix
 from gpuboot.mirror.bundle import Artifact, Bundle
-from gpuboot.mirror.packages import DEB
+from gpuboot.mirror.packages import DEB, write_index
 from gpuboot.mirror.refs import parse_image
 from gpuboot_lab.debroot import rootfs_tar
 from gpuboot_lab.errors import LabError
@@ -71,6 +76,42 @@ EnvironmentFile=-/etc/default/kubelet
 ExecStart=
 ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
 """
+# containerd's unit, as a packaged containerd needs it: Delegate lets it manage its
+# containers' cgroups, KillMode=process leaves the shims (and so every container) running
+# while containerd itself restarts or is upgraded.
+CONTAINERD_UNIT = """[Unit]
+Description=containerd container runtime (gpuboot lab build)
+After=network.target local-fs.target
+
+[Service]
+ExecStartPre=-/sbin/modprobe overlay
+ExecStart=/usr/bin/containerd
+Type=notify
+Delegate=yes
+KillMode=process
+Restart=always
+RestartSec=5
+LimitNOFILE=infinity
+LimitNPROC=infinity
+LimitCORE=infinity
+TasksMax=infinity
+OOMScoreAdjust=-999
+
+[Install]
+WantedBy=multi-user.target
+"""
+RUNTIME_REPOSITORIES = Path.home() / ".cache" / "gpuboot" / "runtime-apt"
+# containerd.io carries runc and replaces the distribution's separate packages.
+CONTAINERD_IO_FIELDS = {"Provides": "containerd, runc", "Conflicts": "containerd, runc", "Replaces": "containerd, runc"}
+
+
+class Deb(NamedTuple):
+    name: str
+    version: str
+    files: dict[str, tuple[bytes, int]]
+    depends: str
+    description: str
+    fields: dict[str, str] | None = None
 
 
 @dataclass
@@ -135,7 +176,7 @@ KUBE_PROXY_LINKS = {f"/usr/sbin/{tool}": "xtables-nft-multi"
 
 
 def build_deb(work: Path, name: str, version: str, files: dict[str, tuple[bytes, int]], depends: str,
-              description: str) -> Path:
+              description: str, fields: dict[str, str] | None = None) -> Path:
     root = work / name
     (root / "DEBIAN").mkdir(parents=True)
     for path, (data, mode) in files.items():
@@ -146,6 +187,7 @@ def build_deb(work: Path, name: str, version: str, files: dict[str, tuple[bytes,
     control = (f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n"
                "Maintainer: gpuboot lab <lab@gpuboot.invalid>\n"
                + (f"Depends: {depends}\n" if depends else "")
+               + "".join(f"{key}: {value}\n" for key, value in (fields or {}).items())
                + f"Description: {description}\n")
     (root / "DEBIAN" / "control").write_text(control)
     deb = work / f"{name}_{version}_amd64.deb"
@@ -158,6 +200,26 @@ def package_artifact(bundle: Bundle, os_id: str, name: str, version: str, deb: P
     blob = bundle.store(deb.read_bytes())
     return Artifact("package", f"{os_id}: {name}={version}", f"packages/{os_id}", deb.name, blob["digest"],
                     DEB, [], [blob])
+
+
+def containerd_io_unbuildable(release: matrix.Release) -> str | None:
+    """Why the lab cannot build the release's containerd.io, or None when it can."""
+    lab_build = (release.model_extra or {}).get("lab_build") or {}
+    missing = [name for name in ("containerd", "runc") if name not in lab_build]
+    return f"release {release.name} names no lab_build.{' and lab_build.'.join(missing)} to build it from" if missing else None
+
+
+def containerd_io(builder: KubernetesBuild, version: str, lab_build: dict, package_version: str) -> Deb:
+    """The containerd.io package of the lab's nodes, from the containerd and runc companions."""
+    built = builder.build_companions(version, ("containerd", "runc"))
+    containerd, runc = built["containerd"], built["runc"] / "runc"
+    files = {f"usr/bin/{name}": ((containerd / name).read_bytes(), 0o755)
+             for name in ("containerd", "ctr", "containerd-shim-runc-v2")}
+    files["usr/bin/runc"] = (runc.read_bytes(), 0o755)
+    files["usr/lib/systemd/system/containerd.service"] = (CONTAINERD_UNIT.encode(), 0o644)
+    return Deb("containerd.io", package_version, files, "libseccomp2",
+            f"containerd {lab_build['containerd']['version']} with runc {lab_build['runc']['version']} "
+            "(gpuboot lab build)", CONTAINERD_IO_FIELDS)
 
 
 def write(version: str | None, out: Path, log: Callable[[str], None] = print) -> LabBundle:
@@ -209,30 +271,36 @@ def write(version: str | None, out: Path, log: Callable[[str], None] = print) ->
         work = Path(tmp)
         cni_dir = builder.companion_dir(version, "cni_plugins")
         debs = [
-            ("kubernetes-cni", cni_version, {f"opt/cni/bin/{p.name}": (p.read_bytes(), 0o755)
+            Deb("kubernetes-cni", cni_version, {f"opt/cni/bin/{p.name}": (p.read_bytes(), 0o755)
                                              for p in sorted(cni_dir.iterdir())}, "",
              f"CNI plugins {lab_build['cni_plugins']['version']} (gpuboot lab build)"),
-            ("kubectl", kube.version, {"usr/bin/kubectl": ((bin_dir / "kubectl").read_bytes(), 0o755)}, "",
+            Deb("kubectl", kube.version, {"usr/bin/kubectl": ((bin_dir / "kubectl").read_bytes(), 0o755)}, "",
              f"kubectl {version} (gpuboot lab build)"),
-            ("kubelet", kube.version, {"usr/bin/kubelet": ((bin_dir / "kubelet").read_bytes(), 0o755),
+            Deb("kubelet", kube.version, {"usr/bin/kubelet": ((bin_dir / "kubelet").read_bytes(), 0o755),
                                        "usr/lib/systemd/system/kubelet.service": (KUBELET_UNIT.encode(), 0o644),
                                        "usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf":
                                            (KUBEADM_DROP_IN.encode(), 0o644)},
              "kubernetes-cni, iptables, mount", f"kubelet {version} (gpuboot lab build)"),
             # (Upstream's kubelet and kubectl floors are far below its own version.)
-            ("kubeadm", kube.version, {"usr/bin/kubeadm": ((bin_dir / "kubeadm").read_bytes(), 0o755)},
+            Deb("kubeadm", kube.version, {"usr/bin/kubeadm": ((bin_dir / "kubeadm").read_bytes(), 0o755)},
              f"kubelet (>= {minimum}), kubectl (>= {minimum}), kubernetes-cni"
              + (", cri-tools" if "cri_tools" in lab_build else ""),
              f"kubeadm {version} (gpuboot lab build)"),
         ]
         if "cri_tools" in lab_build:
             crictl = builder.companion_dir(version, "cri_tools") / "crictl"
-            debs.insert(0, ("cri-tools", str(kube.model_extra["cri_tools"]), {"usr/bin/crictl": (crictl.read_bytes(), 0o755)},
-                            "", f"crictl {lab_build['cri_tools']['version']} (gpuboot lab build)"))
+            debs.insert(0, Deb("cri-tools", str(kube.model_extra["cri_tools"]), {"usr/bin/crictl": (crictl.read_bytes(), 0o755)},
+                               "", f"crictl {lab_build['cri_tools']['version']} (gpuboot lab build)"))
+        runtime = release.os[os_id].containerd
+        unbuildable = containerd_io_unbuildable(release)
+        if runtime["package"] == "containerd.io" and unbuildable:
+            not_built.append(f"containerd.io={runtime['version']} ({unbuildable})")
+        elif runtime["package"] == "containerd.io":
+            debs.insert(0, containerd_io(builder, version, lab_build, str(runtime["version"])))
         packages = []
-        for name, pkg_version, files, depends, description in debs:
+        for name, pkg_version, files, depends, description, fields in debs:
             log(f"package {name}={pkg_version}")
-            deb = build_deb(work, name, pkg_version, files, depends, description)
+            deb = build_deb(work, name, pkg_version, files, depends, description, fields)
             artifacts.append(package_artifact(bundle, os_id, name, pkg_version, deb))
             packages.append(f"{name}={pkg_version}")
     if "cri_tools" not in lab_build:
@@ -240,3 +308,30 @@ def write(version: str | None, out: Path, log: Callable[[str], None] = print) ->
                          "lab_build.cri_tools to build crictl from)")
     bundle.write_manifest(f"{release.name}-lab", artifacts)
     return LabBundle(out, [a.ref for a in artifacts if a.kind == "image"], packages, not_built)
+
+
+def runtime_repository(release_name: str, out: Path | None = None, log: Callable[[str], None] = print) -> Path:
+    """A flat apt repository holding the release's containerd.io for Debian 12, built as the
+    lab's bundle builds it, for nodes that have no lab mirror (molecule's, the shared test lab's):
+    `deb [trusted=yes] file:OUT ./`. Rebuilt only when the package is not there yet."""
+    release = matrix.load(release_name)
+    out = out or RUNTIME_REPOSITORIES / release_name
+    runtime = release.os["debian-12"].containerd
+    lab_build = (release.model_extra or {}).get("lab_build") or {}
+    unbuildable = ("its debian-12 containerd is not containerd.io" if runtime["package"] != "containerd.io"
+                   else containerd_io_unbuildable(release))
+    if unbuildable:
+        raise LabError(f"release {release_name} has no containerd.io the lab can build: {unbuildable}",
+                       hint=f"name lab_build.containerd and lab_build.runc in mirror/releases/{release_name}.yml")
+    deb_name = f"containerd.io_{runtime['version']}_amd64.deb"
+    if (out / deb_name).is_file() and (out / "Packages").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        deb = build_deb(Path(tmp), *containerd_io(KubernetesBuild(log=log), release.kubernetes.version, lab_build,
+                                                  str(runtime["version"])))
+        shutil.copyfile(deb, out / f"{deb_name}.partial")
+        (out / f"{deb_name}.partial").replace(out / deb_name)
+    write_index(out)
+    log(f"apt repository {out}: containerd.io={runtime['version']}")
+    return out

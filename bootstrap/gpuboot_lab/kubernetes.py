@@ -43,9 +43,17 @@ COMPANION_PACKAGES = {
                                             "ipam/host-local", "meta/portmap", "meta/bandwidth", "meta/tuning",
                                             "meta/firewall")],
     "cri_tools": ["cmd/crictl"],
+    # The lab nodes' containerd.io: the daemon, its client and its runc shim, and runc itself.
+    "containerd": ["cmd/containerd", "cmd/ctr", "cmd/containerd-shim-runc-v2"],
+    "runc": [""],
 }
 # Link-time settings of a companion's binaries, so that they report their own version.
-COMPANION_LDFLAGS = {"cri_tools": "-X sigs.k8s.io/cri-tools/pkg/version.Version={version}"}
+COMPANION_LDFLAGS = {"cri_tools": "-X sigs.k8s.io/cri-tools/pkg/version.Version={version}",
+                     "containerd": "-X github.com/containerd/containerd/v2/version.Version={version}",
+                     "runc": "-X main.version={bare}"}
+# Companions with C in them, and their build tags: runc's nsenter is C, and its seccomp filter
+# (libseccomp) is what RuntimeDefault pods get, as Calico's and Argo CD's ask.
+COMPANION_CGO = {"runc": "seccomp"}
 # CoreDNS with the plugins kubeadm's default Corefile uses (its own main imports them all).
 COREDNS_PLUGINS = ("cache", "errors", "forward", "health", "kubernetes", "loadbalance", "log", "loop",
                    "metrics", "ready", "reload")
@@ -136,15 +144,15 @@ class KubernetesBuild:
     def bin_dir(self, version: str) -> Path:
         return self.build_dir(version) / "bin"
 
-    def _env(self) -> dict[str, str]:
-        return dict(os.environ, GOTOOLCHAIN="local", CGO_ENABLED="0", GOFLAGS="-mod=mod",
+    def _env(self, cgo: bool = False) -> dict[str, str]:
+        return dict(os.environ, GOTOOLCHAIN="local", CGO_ENABLED="1" if cgo else "0", GOFLAGS="-mod=mod",
                     GOMODCACHE=str(self.cache_dir / "gomodcache"), GOCACHE=str(self.cache_dir / "gocache"))
 
-    def _go(self, args: list[str], cwd: Path, log_file: Path) -> subprocess.CompletedProcess[str]:
+    def _go(self, args: list[str], cwd: Path, log_file: Path, cgo: bool = False) -> subprocess.CompletedProcess[str]:
         with log_file.open("a") as log:
             log.write(f"$ go {' '.join(args)}\n")
             log.flush()
-            return subprocess.run(["go", *args], cwd=cwd, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
+            return subprocess.run(["go", *args], cwd=cwd, env=self._env(cgo), stdout=log, stderr=subprocess.STDOUT,
                                   text=True, check=False)
 
     def prepare_wrapper(self, version: str, log_file: Path) -> Path:
@@ -214,13 +222,28 @@ class KubernetesBuild:
             module_version = release.model_extra["lab_build"][name]["version"]
         return self.build_dir(version) / "companions" / f"{name}-{module_version}"
 
-    def _companions(self, version: str, log_file: Path) -> dict[str, bool]:
-        """etcd, CoreDNS, the CNI plugins and crictl at the versions the matrix's lab_build names, each in its own
-        wrapper module (etcd's go.mod has replace directives, so it cannot be `go install`ed)."""
+    def build_companions(self, version: str, names: tuple[str, ...]) -> dict[str, Path]:
+        """Only the named companions of a Kubernetes version (containerd and runc for a
+        scenario's node), without Kubernetes itself; returns each one's directory."""
+        version = resolve_version(version)
+        self.build_dir(version).mkdir(parents=True, exist_ok=True)
+        self._companions(version, self.build_dir(version) / "build.log", names)
+        return {name: self.companion_dir(version, name) for name in names}
+
+    def _companions(self, version: str, log_file: Path, only: tuple[str, ...] | None = None) -> dict[str, bool]:
+        """etcd, CoreDNS, the CNI plugins, crictl, containerd and runc at the versions the matrix's
+        lab_build names (all, or `only` these), each in its own wrapper module (etcd's go.mod has
+        replace directives, so it cannot be `go install`ed)."""
         release = matrix.load(matrix_versions()[version])
         wanted = (release.model_extra or {}).get("lab_build") or {}
+        missing = sorted(set(only or ()) - wanted.keys())
+        if missing:
+            raise LabError(f"release {release.name} names no lab_build.{missing[0]}",
+                           hint=f"add it to mirror/releases/{release.name}.yml")
         results: dict[str, bool] = {}
         for name, spec in sorted(wanted.items()):
+            if only is not None and name not in only:
+                continue
             if name not in COMPANION_PACKAGES:
                 raise LabError(f"lab_build.{name} in release {release.name} is not something the lab can build",
                                hint=f"known: {', '.join(sorted(COMPANION_PACKAGES))}")
@@ -245,11 +268,12 @@ class KubernetesBuild:
             self.log(f"{name} {module_version}: building {', '.join(t.name for _, t in todo)}")
             t0 = time.monotonic()
             out.mkdir(parents=True, exist_ok=True)
+            link = COMPANION_LDFLAGS.get(name, "").format(version=module_version, bare=module_version.lstrip("v"))
+            tags = ["-tags", COMPANION_CGO[name]] if COMPANION_CGO.get(name) else []
             for path, target in todo:
                 # -mod=mod (in _env) lets the build add what the package needs to the wrapper.
-                ldflags = " ".join(["-s -w", COMPANION_LDFLAGS.get(name, "").format(version=module_version)]).strip()
-                if self._go(["build", "-trimpath", "-ldflags", ldflags, "-o", f"{target}.partial", path],
-                            wrapper, log_file).returncode != 0:
+                if self._go(["build", "-trimpath", *tags, "-ldflags", f"-s -w {link}".strip(), "-o", f"{target}.partial",
+                             path], wrapper, log_file, cgo=name in COMPANION_CGO).returncode != 0:
                     raise LabError(f"building {name} {module_version} ({path}) failed", hint=f"see {log_file}")
                 Path(f"{target}.partial").replace(target)
             self.log(f"{name} {module_version}: built in {time.monotonic() - t0:.0f}s")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuboot import content
+from gpuboot_lab import LAB_RELEASE, artifacts, kubernetes
 from gpuboot_lab.cluster import Lab, LabSpec
 from gpuboot_lab.errors import LabError
 from gpuboot_lab.fingerprint import fingerprint_digest, hash_files, node_image_contents
@@ -62,12 +63,13 @@ def _named_parts(root: Path, role: str) -> list[Path]:
 def scenario_key(role: str, image: str) -> str:
     """Everything a scenario's outcome depends on: the role with its scenario, the shared
     molecule config (driver, platforms, test sequence), the doubles, helpers and release files
-    the scenario names, the node image, the lock and this machine's installed tools
-    (gpuboot_lab.fingerprint)."""
+    the scenario names, the node image, how the lab builds the containerd.io it offers, the
+    lock and this machine's installed tools (gpuboot_lab.fingerprint)."""
     root = content.content_dir()
-    digest = hashlib.sha256(f"{role}|{image}|{fingerprint_digest()}".encode())
+    digest = hashlib.sha256(f"{role}|{image}|{LAB_RELEASE}|{fingerprint_digest()}".encode())
     parts = [root / "roles" / role, *_named_parts(root, role), root / ".config" / "molecule" / "config.yml",
-             root / "pyproject.toml", root / "requirements.lock", Path(__file__)]
+             root / "pyproject.toml", root / "requirements.lock", Path(__file__), Path(artifacts.__file__),
+             Path(kubernetes.__file__), root / "mirror" / "releases" / f"{LAB_RELEASE}.yml"]
     hash_files(digest, parts, lambda part: part.parent)
     return digest.hexdigest()[:24]
 
@@ -107,7 +109,11 @@ class ScenarioRunner:
                 self.lab.up(LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=0, subnet=SUBNET),
                             self.lab.dir / "inventory.yml")
             self.image = ensure_image(self.lab.podman, self.lab.cache_dir, self.log)
+            # The lab release's containerd.io (containerd 2 and runc from Go modules) as an apt
+            # repository a scenario may copy onto its node: molecule has no lab mirror.
+            runtime_repo = artifacts.runtime_repository(LAB_RELEASE, log=self.log)
             self._env = dict(os.environ,
+                             GPUBOOT_LAB_APT_REPO=str(runtime_repo),
                              GPUBOOT_MOLECULE_NETWORK=f"gpuboot-{NAME}",
                              GPUBOOT_NODE_IMAGE=self.image,
                              CONTAINERS_CONF=str(write_containers_conf(self.lab.cache_dir)),

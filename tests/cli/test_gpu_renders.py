@@ -82,9 +82,40 @@ def test_open_modules_and_dma_buf_never_peermem(rendered):
         assert not (values["driver"].get("rdma") or {}).get("enabled"), case
         if values["driver"]["enabled"]:
             assert values["driver"]["kernelModuleType"] == "open", case
-        # The toolkit writes a drop-in that containerd's config.toml imports, never config.toml.
-        env = {e["name"]: e["value"] for e in values["toolkit"]["env"]}
-        assert env["CONTAINERD_CONFIG"] == "/etc/containerd/conf.d/99-nvidia.toml", case
+        # containerd is never the toolkit's to rewrite: an NRI plugin where the versions allow it,
+        # else a drop-in that containerd's config.toml imports, never config.toml itself.
+        release = matrix.load(load_cluster(rendered[case][0]).settings.release)
+        if cdi_through_nri(release):
+            assert values["cdi"] == {"enabled": True, "nriPluginEnabled": True}, case
+            assert "env" not in values["toolkit"], case
+        else:
+            assert not values["cdi"].get("nriPluginEnabled"), case
+            env = {e["name"]: e["value"] for e in values["toolkit"]["env"]}
+            assert env["CONTAINERD_CONFIG"] == "/etc/containerd/conf.d/99-nvidia.toml", case
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.lstrip("v").split("-")[0].split("~")[0].split(".")[:3])
+
+
+def cdi_through_nri(release: matrix.Release) -> bool:
+    """What the GPU Operator's docs ask for the toolkit as an NRI plugin: operator 26.3+ and a
+    containerd with CDI through NRI (2.1+, or 1.7.30+ on 1.7)."""
+    containerd = _version(release.containerd.version)
+    operator = _version(release.model_extra["gpu_operator"]["version"])
+    return operator >= (26, 3) and (containerd >= (2, 1) or (1, 7, 30) <= containerd < (2, 0))
+
+
+@pytest.mark.parametrize("name", matrix.available())
+def test_every_os_of_a_release_runs_containerd_that_the_cdi_choice_holds_for(name):
+    """The choice is made once per cluster from the release's containerd: each OS's package
+    must be that containerd (config version 3 from containerd 2 on)."""
+    release = matrix.load(name)
+    for os_id, packages in release.os.items():
+        version = str(packages.containerd["version"])
+        if cdi_through_nri(release):
+            assert _version(version)[:2] == _version(release.containerd.version)[:2], (name, os_id, version)
+            assert packages.containerd["config_version"] == 3, (name, os_id)
 
 
 def test_time_slicing_profiles_per_node_group(rendered):

@@ -4,9 +4,11 @@ Session-scoped and torn down at the end. Without podman the lab tests are skippe
 unless GPUBOOT_REQUIRE_LAB=1 (CI sets it), where a missing lab is a failure."""
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
+import tarfile
 from contextlib import contextmanager
 from ipaddress import ip_network
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 import yaml
 
 from gpuboot import matrix
+from gpuboot_lab import LAB_RELEASE
 from gpuboot_lab import artifacts as lab_artifacts
 from gpuboot_lab.cluster import Lab, LabSpec
 from gpuboot_lab.errors import LabError
@@ -43,9 +46,13 @@ def lab(tmp_path_factory):
     lab = Lab(root / "_lab" / LAB_NAME, log=lambda msg: None)
     lab.down(LAB_NAME)  # a crashed earlier session may have left one behind
     inventory = root / "inventory" / "inventory.yml"
-    state = lab.up(LabSpec(name=LAB_NAME, subnet=LAB_SUBNET), inventory)
-    yield {"lab": lab, "state": state, "inventory": inventory, "root": root}
-    lab.down(LAB_NAME)
+    try:
+        state = lab.up(LabSpec(name=LAB_NAME, subnet=LAB_SUBNET), inventory)
+        info = {"lab": lab, "state": state, "inventory": inventory, "root": root}
+        runtime_packages_on_nodes(info)
+        yield info
+    finally:
+        lab.down(LAB_NAME)
 
 
 @contextmanager
@@ -63,15 +70,37 @@ def containerd_node(tmp_path: Path, name: str, subnet: str):
         node_lab.down(name)
 
 
-def ssh(lab_info, host: str, command: str) -> subprocess.CompletedProcess[str]:
+RUNTIME_REPO_ON_NODE = "/srv/gpuboot-lab-runtime"
+
+
+def runtime_packages_on_nodes(lab_info, release: str = LAB_RELEASE) -> None:
+    """Every node of a lab without the lab mirror gets the release's containerd.io (containerd 2
+    and runc built from Go modules, packaged as the lab bundle packages them) in a local apt
+    repository, as a site's package mirror offers it: Debian's own archive has no containerd 2."""
+    repo = lab_artifacts.runtime_repository(release, log=lambda m: None)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for path in sorted(repo.iterdir()):
+            archive.add(path, arcname=path.name)
+    for host in lab_info["state"].addresses:
+        placed = ssh(lab_info, host, f"mkdir -p {RUNTIME_REPO_ON_NODE} && tar -x -C {RUNTIME_REPO_ON_NODE} && "
+                                     f"echo 'deb [trusted=yes] file:{RUNTIME_REPO_ON_NODE} ./' "
+                                     "> /etc/apt/sources.list.d/gpuboot-lab-runtime.list", stdin=buffer.getvalue())
+        assert placed.returncode == 0, (host, placed.stderr)
+
+
+def ssh(lab_info, host: str, command: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
     """Run a command on a lab node over real SSH, with host-key checking on."""
     state = lab_info["state"]
     key = lab_info["lab"].dir / "id_ed25519"
     known = lab_info["lab"].dir / "known_hosts"
-    return subprocess.run(
-        ["ssh", "-i", str(key), "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes",
-         "-o", "BatchMode=yes", f"root@{state.addresses[host]}", command],
-        capture_output=True, text=True, timeout=60)
+    argv = ["ssh", "-i", str(key), "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes", f"root@{state.addresses[host]}", command]
+    if stdin is not None:
+        done = subprocess.run(argv, input=stdin, capture_output=True, timeout=120)
+        return subprocess.CompletedProcess(argv, done.returncode, done.stdout.decode(errors="replace"),
+                                           done.stderr.decode(errors="replace"))
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
 def built_kubectl(version: str) -> Path:

@@ -78,3 +78,35 @@ def test_companions_are_built_at_the_matrix_lab_build_versions(built):
     # crictl, which the lab packages as cri-tools, reports the lab_build version it was built at.
     crictl = builder.companion_dir(built.version, "cri_tools") / "crictl"
     assert run(str(crictl), "--version").strip() == f"crictl version {lab_build['cri_tools']['version']}"
+    # containerd 2 and runc, which the lab packages as containerd.io, at their lab_build versions.
+    if "containerd" in lab_build:
+        containerd = builder.companion_dir(built.version, "containerd")
+        assert run(str(containerd / "containerd"), "--version").split()[2] == lab_build["containerd"]["version"]
+        assert run(str(containerd / "ctr"), "--version").split()[-1] == lab_build["containerd"]["version"]
+        runc = builder.companion_dir(built.version, "runc") / "runc"
+        said = run(str(runc), "--version").splitlines()
+        assert said[0] == f"runc version {lab_build['runc']['version'].lstrip('v')}"
+        # Built with libseccomp: RuntimeDefault pods (Calico's, Argo CD's) need its filter.
+        assert any(line.startswith("libseccomp: ") for line in said), said
+
+
+def test_containerd_io_stands_in_for_debians_containerd_and_runc(built, tmp_path):
+    from gpuboot_lab.artifacts import build_deb, containerd_io
+    release = matrix.load(matrix_versions()[built.version])
+    runtime = release.os["debian-12"].containerd
+    lab_build = release.model_extra["lab_build"]
+    if runtime["package"] != "containerd.io":
+        pytest.skip(f"{release.name} runs Debian's own containerd on debian-12")
+    deb = build_deb(tmp_path, *containerd_io(KubernetesBuild(log=lambda m: None), built.version, lab_build,
+                                             str(runtime["version"])))
+    fields = dict(line.split(": ", 1) for line in run("dpkg-deb", "-f", str(deb)).splitlines() if ": " in line)
+    assert (fields["Package"], fields["Version"]) == ("containerd.io", runtime["version"])
+    for relation in ("Provides", "Conflicts", "Replaces"):
+        assert {p.strip() for p in fields[relation].split(",")} == {"containerd", "runc"}, relation
+    assert fields["Depends"] == "libseccomp2"
+    listed = run("dpkg-deb", "-c", str(deb))
+    for path in ("./usr/bin/containerd", "./usr/bin/ctr", "./usr/bin/containerd-shim-runc-v2", "./usr/bin/runc",
+                 "./usr/lib/systemd/system/containerd.service"):
+        assert path in listed, path
+    # The matrix's Debian package is the release's containerd: what the CDI decision reads.
+    assert str(runtime["version"]).startswith(release.containerd.version + "-")

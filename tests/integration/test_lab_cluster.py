@@ -114,7 +114,7 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_converges_and_repairs(cluster,
     node = f"{NAME}-w1"
     versions = ssh(cluster, node, "kubeadm version -o short; kubelet --version; kubectl version --client | head -1; "
                                   "ls /opt/cni/bin | tr '\\n' ' '; echo; apt-cache policy kubeadm | grep -m1 https; "
-                                  "crictl --version")
+                                  "crictl --version; containerd --version; runc --version | head -1")
     lines = versions.stdout.splitlines()
     version = cluster["version"]
     assert lines[:3] == [version, f"Kubernetes {version}", f"Client Version: {version}"], versions.stdout
@@ -123,6 +123,10 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_converges_and_repairs(cluster,
     # crictl came with kubeadm, as upstream's packages bring it: the operator's first tool on a node.
     crictl = matrix.load(RELEASE).model_extra["lab_build"]["cri_tools"]["version"]
     assert lines[5] == f"crictl version {crictl}", versions.stdout
+    # containerd 2 and runc, built from Go modules and installed as containerd.io from the mirror.
+    lab_build = matrix.load(RELEASE).model_extra["lab_build"]
+    assert lines[6].split()[2] == lab_build["containerd"]["version"], versions.stdout
+    assert lines[7] == f"runc version {lab_build['runc']['version'].lstrip('v')}", versions.stdout
 
     # The admin kubeconfig on the control machine: private, pointing at the VIP.
     kubeconfig = cluster["kubeconfig"]
@@ -397,7 +401,16 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
     assert {p["spec"]["containers"][0]["image"].rsplit(":", 1)[1] for p in statics} == {to_version}
     on_node = ssh(cluster, f"{NAME}-w2", "kubeadm version -o short; apt-mark showhold | sort | tr '\\n' ' '")
     assert on_node.stdout.split("\n")[0] == to_version
-    assert {"kubeadm", "kubectl", "kubelet"} <= set(on_node.stdout.split("\n")[1].split())
+    assert {"kubeadm", "kubectl", "kubelet", "containerd.io"} <= set(on_node.stdout.split("\n")[1].split())
+    # containerd moved to the target release's minor on every node, inside its drained window.
+    target = matrix.load(UPGRADE_TO)
+    for n in nodes:
+        runtime = ssh(cluster, n["metadata"]["name"], "containerd --version; dpkg-query -W -f='${Version}' containerd.io")
+        said_version = runtime.stdout.splitlines()
+        assert said_version[0].split()[2] == target.model_extra["lab_build"]["containerd"]["version"], runtime.stdout
+        assert said_version[1] == target.os["debian-12"].containerd["version"], runtime.stdout
+    assert {n["status"]["nodeInfo"]["containerRuntimeVersion"] for n in nodes} == {
+        f"containerd://{target.model_extra['lab_build']['containerd']['version']}"}
     # kubeadm's upgrade rewrote kubelet's config.yaml and the packages their unit files (0644):
     # the upgrade tightened them again on every node.
     assert [line for n in nodes for line in _cis_loose(cluster, n["metadata"]["name"])] == []

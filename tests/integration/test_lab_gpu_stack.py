@@ -124,11 +124,13 @@ def test_gpu_operator_installs_from_the_mirror_and_the_nodes_advertise_what_the_
     assert all(n["metadata"]["labels"]["nvidia.com/gpu.deploy.driver"] == "false" for n in (gpu1, gpu2))
 
     # The ClusterPolicy the chart rendered: open modules never asked of a preinstalled driver,
-    # the toolkit's drop-in, the MIG strategy; the namespace admits privileged operands.
+    # how the toolkit reaches containerd, the MIG strategy; the namespace admits privileged operands.
     policy = json.loads(kubectl(info, "get", "clusterpolicies.nvidia.com", "cluster-policy", "-o", "json"))
     assert policy["status"]["state"] == "ready"
     assert policy["spec"]["driver"]["enabled"] is False and policy["spec"]["mig"]["strategy"] == "mixed"
-    assert {"name": "CONTAINERD_CONFIG", "value": "/etc/containerd/conf.d/99-nvidia.toml"} in policy["spec"]["toolkit"]["env"]
+    # containerd 2.3 with operator 26.7: the toolkit is an NRI plugin and owns nothing of containerd.
+    assert policy["spec"]["cdi"] == {"enabled": True, "nriPluginEnabled": True}
+    assert "env" not in policy["spec"]["toolkit"]
     namespace = json.loads(kubectl(info, "get", "namespace", "gpu-operator", "-o", "json"))
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     # No Helm release: the objects were applied by gpuboot, as Argo CD will declare them.
@@ -153,6 +155,12 @@ def test_gpu_operator_installs_from_the_mirror_and_the_nodes_advertise_what_the_
                  "crictl --runtime-endpoint unix:///run/containerd/containerd.sock images -o json 2>/dev/null "
                  "|| ctr -n k8s.io images ls -q")
     assert "k8s-device-plugin" in pulled.stdout
+    # The toolkit's pod is Ready only where containerd's NRI socket is there (the double checks
+    # it as the real plugin needs it), and no drop-in of the toolkit's exists on the node.
+    for node in (f"{NAME}-gpu1", f"{NAME}-gpu2"):
+        seen = ssh({"lab": info["lab"], "state": info["state"]}, node,
+                   "test -S /var/run/nri/nri.sock && echo nri; ls /etc/containerd/conf.d")
+        assert seen.stdout.split() == ["nri"], (node, seen.stdout, seen.stderr)
 
     # A second up changes nothing: the chart renders the same, the server-side diffs are empty.
     assert run(["up", str(info["inventory"]), "--from", "gpu_operator", "--to", "gpu_operator", "--force",

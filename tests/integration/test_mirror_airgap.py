@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from ipaddress import ip_network
@@ -19,6 +20,7 @@ from gpuboot.cli.main import run
 from gpuboot.mirror import pki
 from gpuboot.mirror.packages import export_public_key, write_index
 from gpuboot.mirror.serve import ServeSpec, start
+from gpuboot_lab import artifacts as lab_artifacts
 from tests.integration.conftest import containerd_node, edit_inventory, ssh
 from tests.support.mirror_fixture import free_port, signing_key, start_upstream
 
@@ -39,8 +41,9 @@ def airgap_lab(lab, tmp_path):
 
 
 def _package_sources(directory: Path, release: str) -> Path:
-    """What an operator downloads on the connected side for Debian 12: the real containerd
-    package at the matrix's version, and TEST DOUBLE Kubernetes packages (stand-ins with the
+    """What an operator downloads on the connected side for Debian 12: containerd.io at the
+    matrix's version (the lab's build of it: containerd 2 and runc from Go modules, as Docker's
+    repository is out of reach here), and TEST DOUBLE Kubernetes packages (stand-ins with the
     real names and the matrix's versions) until the lab packages the built binaries."""
     os_dir = directory / "debian-12"
     os_dir.mkdir(parents=True)
@@ -48,8 +51,9 @@ def _package_sources(directory: Path, release: str) -> Path:
     kube = pkgs.kube_packages
     subprocess.run([sys.executable, str(STANDIN), kube.version, str(os_dir), kube.model_extra["cri_tools"],
                     kube.model_extra["kubernetes_cni"]], check=True, capture_output=True)
-    subprocess.run(["apt-get", "download", "-qq", f"{pkgs.containerd['package']}={pkgs.containerd['version']}"],
-                   cwd=os_dir, check=True, capture_output=True)
+    runtime = lab_artifacts.runtime_repository(release, log=lambda m: None)
+    for deb in runtime.glob(f"{pkgs.containerd['package']}_*.deb"):
+        shutil.copyfile(deb, os_dir / deb.name)
     (os_dir / "Packages").unlink()  # the double's own index; the mirror writes its own
     return directory
 

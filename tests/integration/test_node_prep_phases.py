@@ -1,5 +1,6 @@
 """The node-preparation phases end to end over real SSH on every lab node: preflight, os_prep,
-container_runtime (Debian's real containerd) and kube_packages (stand-in packages from a
+container_runtime (the release's containerd.io: containerd 2 and runc built from Go modules,
+offered to the nodes in a local apt repository) and kube_packages (stand-in packages from a
 TEST DOUBLE repository until the lab builds Kubernetes from Go modules), then a second run
 that changes nothing, even after the NVIDIA toolkit has added its containerd drop-in."""
 from __future__ import annotations
@@ -24,24 +25,17 @@ ROOT = Path(__file__).resolve().parents[2]
 RELEASE = yaml.safe_load((ROOT / "mirror" / "releases" / "k8s-1.36.yml").read_text())["gpuboot_release"]
 DEBIAN = RELEASE["os"]["debian-12"]
 STANDIN = (ROOT / "tests" / "doubles" / "kube_packages" / "standin_repo.py").read_text()
+# What toolkit 1.20 writes for containerd 2 where it is not an NRI plugin: its runtime only
+# (containerd 2 merges an import key by key).
 TOOLKIT_DROPIN = """# stand-in for the NVIDIA container toolkit's drop-in (same shape)
-version = 2
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause}"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = true
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
-        BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime"
-        SystemdCgroup = true
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "/etc/containerd/certs.d"
-""".format(pause=RELEASE["kubernetes"]["pause_image"])
+version = 3
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia.options]
+    BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+    SystemdCgroup = true
+"""
+CONTAINERD = DEBIAN["containerd"]["package"]
 
 
 def events_of(out: str) -> list[dict]:
@@ -61,7 +55,7 @@ def prepared_inventory(lab, tmp_path_factory):
         groups = data["all"]["children"]
         for group in (groups["control_plane"], groups["workers"], groups["workers"]["children"]["gpu_workers"]):
             for vars_ in (group.get("hosts") or {}).values():
-                vars_["kube_packages_apt_repository"] = "deb [trusted=yes] file:/srv/gpuboot-standin ./"
+                vars_["package_source_apt_repository"] = "deb [trusted=yes] file:/srv/gpuboot-standin ./"
 
     return edit_inventory(lab["inventory"], tmp_path_factory.mktemp("prep") / "inventory.yml", use_standin_repo)
 
@@ -109,7 +103,7 @@ def test_gpuboot_killed_at_a_boundary_and_mid_phase_then_a_plain_up_converges(la
     the killed runs left, is not blocked by their lock, and converges every node."""
     inventory = str(prepared_inventory)
     for host in lab["state"].addresses:  # start from nodes where node preparation must really run
-        ssh(lab, host, "apt-get purge -y -q --allow-change-held-packages containerd kubeadm kubelet kubectl >/dev/null 2>&1; "
+        ssh(lab, host, f"apt-get purge -y -q --allow-change-held-packages {CONTAINERD} kubeadm kubelet kubectl >/dev/null 2>&1; "
                        "rm -rf /etc/containerd; true")
     killed_when(inventory, lambda e, _: e["event"] == "PhaseFinished" and e["phase"] == "os_prep")
     killed_when(inventory, lambda e, phase: e["event"] == "TaskStarted" and phase == "container_runtime"
@@ -128,7 +122,7 @@ def test_gpuboot_killed_at_a_boundary_and_mid_phase_then_a_plain_up_converges(la
     version = DEBIAN["kube_packages"]["version"]
     for host in lab["state"].addresses:
         result = ssh(lab, host, "dpkg --audit; systemctl is-active containerd; "
-                                "dpkg-query -W -f='${Status}\\n' containerd kubeadm kubelet kubectl; "
+                                f"dpkg-query -W -f='${{Status}}\\n' {CONTAINERD} kubeadm kubelet kubectl; "
                                 "dpkg-query -W -f='${Version}\\n' kubeadm; containerd config dump >/dev/null && echo valid")
         assert result.stdout.splitlines() == ["active"] + ["hold ok installed"] * 4 + [version, "valid"], (
             host, result.stdout, result.stderr)
@@ -153,7 +147,7 @@ def test_four_phases_converge_then_a_second_run_changes_nothing(lab, prepared_in
 
     for host in lab["state"].addresses:
         result = ssh(lab, host, "systemctl is-active containerd; ctr version >/dev/null && echo ctr-answers; "
-                                "dpkg-query -W -f='${Version} ${Status}\\n' containerd kubeadm kubelet kubectl; "
+                                f"dpkg-query -W -f='${{Version}} ${{Status}}\\n' {CONTAINERD} kubeadm kubelet kubectl; "
                                 "systemctl is-enabled kubelet; systemctl is-active kubelet || true; "
                                 "containerd config dump | grep -c 'SystemdCgroup = true'")
         lines = result.stdout.splitlines()
@@ -178,6 +172,5 @@ def test_four_phases_converge_then_a_second_run_changes_nothing(lab, prepared_in
         assert after.stdout.splitlines()[0] == placed.stdout.splitlines()[-1]
         assert "nvidia-container-runtime" in after.stdout and "SystemdCgroup = true" in after.stdout
     finally:
-        # The lab is shared by the session: a later test with another sandbox image (an
-        # air-gapped inventory) must not meet this stand-in's copy of the CRI section.
+        # The lab is shared by the session: a later test must not meet this stand-in's runtime.
         ssh(lab, gpu, "rm -f /etc/containerd/conf.d/99-nvidia.toml && systemctl restart containerd")

@@ -10,6 +10,8 @@ lab's air-gapped mirror exactly as `gpuboot mirror import` brings the real ones 
   Nothing else is added: an operand whose image the plan missed cannot be pulled in the lab."""
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -21,6 +23,7 @@ from gpuboot.mirror.bundle import Artifact, Bundle
 from gpuboot.mirror.plan import PlannedChart
 from gpuboot.mirror.pull import chart_artifact
 from gpuboot_lab.artifacts import image_artifact, layer_tar
+from tests.support.chart_versions import schema_at
 from tests.support.mirror_fixture import IMAGE_CACHE
 from tests.support.oci_layout import busybox_binaries
 
@@ -52,8 +55,14 @@ def double_image(bundle: Bundle, ref: str, busybox: bytes) -> Artifact:
 
 
 def package_chart(helm: Path, name: str, version: str, out: Path) -> bytes:
-    """The double chart `name` packaged by helm at `version` (the matrix's)."""
-    proc = subprocess.run([str(helm), "package", str(CHARTS / name), "--version", version, "--app-version", version,
+    """The double chart `name` packaged by helm at `version` (the matrix's), its values schema
+    as the real chart at that version has it (tests/support/chart_versions.py)."""
+    source = out / "source" / name
+    shutil.copytree(CHARTS / name, source)
+    schema = source / "values.schema.json"
+    if schema.is_file():
+        schema.write_text(json.dumps(schema_at(json.loads(schema.read_text()), version), indent=2) + "\n")
+    proc = subprocess.run([str(helm), "package", str(source), "--version", version, "--app-version", version,
                            "--destination", str(out)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     return next(out.glob(f"{name}-*.tgz")).read_bytes()

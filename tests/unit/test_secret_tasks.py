@@ -9,7 +9,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 # A variable that names a secret's content or file (a repository's public signing key is not one).
-PUBLIC = re.compile(r"\b\w*_apt_key_file\b")
+PUBLIC = re.compile(r"\b\w*_(?:apt|rpm)_key_file\b")
 SECRET = re.compile(r"\b\w*(?:_key_file|_key_dest|_private_key\w*|_credentials\w*|_http_secret|_token\w*|_certificate_key\w*)\b")
 WRITERS = {"ansible.builtin.copy", "ansible.builtin.template"}
 

@@ -266,3 +266,21 @@ def test_driver_upgrade_judgement_follows_the_operators_labels_and_the_driver_po
     late = driver.failure_message({"g2": found["g2"], "g1": found["g1"]}, 601, 600, "gpu-operator", "R")
     assert "not all upgraded after 601 s (timeout 600 s)" in late and "- g2: state pod-restart-required" in late
     assert "- g1" not in late
+
+
+def test_each_node_takes_the_target_containerd_inside_its_drain():
+    from gpuboot.upgrade import UpgradePlan
+    base = dict(cluster="c", from_release="a", to_release="b", from_version="v1.36.3", to_version="v1.37.2",
+                first="cp1", other_control_planes=(), batches=(), canary=0, drain_timeout=300, gate_timeout=300,
+                resume=False)
+    moved = UpgradePlan(**base, from_containerd="2.3.7", to_containerd="2.4.2").node_steps()
+    assert moved[0].startswith("drain") and moved[1].startswith("containerd 2.3.7 -> 2.4.2 from the mirror (held)")
+    assert moved[2].startswith("kubeadm v1.37.2")  # before kubeadm: the node is drained already
+    kept = UpgradePlan(**base, from_containerd="2.4.2", to_containerd="2.4.2").node_steps()
+    assert kept[1] == "containerd stays 2.4.2 (package and configuration checked)"
+    # From the matrix: k8s-1.36 -> k8s-1.37 moves containerd one minor, as containerd supports.
+    plan = plan_upgrade(load_cluster(str(SAMPLE)), "k8s-1.37")
+    assert (plan.from_containerd, plan.to_containerd) == (matrix.load("k8s-1.36").containerd.version,
+                                                          matrix.load("k8s-1.37").containerd.version)
+    old, new = (tuple(int(p) for p in v.split(".")[:2]) for v in (plan.from_containerd, plan.to_containerd))
+    assert new[0] == old[0] and new[1] - old[1] in (0, 1), "containerd supports upgrades one minor at a time"

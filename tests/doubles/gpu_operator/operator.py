@@ -16,7 +16,12 @@ node's double hardware facts:
 
 Operand pods run a double image (busybox): a node-local fault file
 /etc/gpuboot-double/fault-<operand> makes that operand's pod on that node exit with the
-file's text, as a broken operand would."""
+file's text, as a broken operand would.
+
+With cdi.nriPluginEnabled, the toolkit's pod mounts the node's NRI directory, as the real
+operator's does, and fails unless containerd's NRI socket is there: the toolkit then injects
+GPUs through NRI and nothing else would work. It writes nothing into containerd's
+configuration in that mode, as the real one does not."""
 from __future__ import annotations
 
 import json
@@ -28,6 +33,9 @@ import yaml
 from tests.doubles.controller import DoubleController
 
 FAULT_DIR = "/etc/gpuboot-double"
+# Where containerd 2 listens for NRI plugins (its default socket_path).
+NRI_DIR = "/var/run/nri"
+NRI_SOCKET = f"{NRI_DIR}/nri.sock"
 # ClusterPolicy section -> the DaemonSet the real operator names for it.
 OPERANDS = {
     "driver": "nvidia-driver-daemonset",
@@ -108,8 +116,16 @@ class DoubleGpuOperator(DoubleController):
             expressions.append({"key": "nvidia.com/gpu.deploy.driver", "operator": "NotIn", "values": ["false"]})
         if section == "migManager":
             expressions.append({"key": "nvidia.com/mig.config", "operator": "Exists"})
+        nri = section == "toolkit" and bool((spec.get("cdi") or {}).get("nriPluginEnabled"))
         script = (f"f={FAULT_DIR}/fault-{operand}; if [ -e $f ]; then cat $f >&2; exit 1; fi; "
-                  "exec /bin/busybox sleep 2147483647")
+                  + (f"if [ ! -S {NRI_SOCKET} ]; then echo 'containerd has no NRI socket at {NRI_SOCKET}: "
+                     "cdi.nriPluginEnabled needs NRI on' >&2; exit 1; fi; " if nri else "")
+                  + "exec /bin/busybox sleep 2147483647")
+        mounts = [{"name": "faults", "mountPath": FAULT_DIR, "readOnly": True}]
+        volumes = [{"name": "faults", "hostPath": {"path": FAULT_DIR, "type": "DirectoryOrCreate"}}]
+        if nri:
+            mounts.append({"name": "nri", "mountPath": NRI_DIR})
+            volumes.append({"name": "nri", "hostPath": {"path": NRI_DIR, "type": "DirectoryOrCreate"}})
         return {
             "apiVersion": "apps/v1", "kind": "DaemonSet",
             "metadata": {"name": name, "namespace": self.namespace, "labels": {"app": name}},
@@ -127,8 +143,8 @@ class DoubleGpuOperator(DoubleController):
                                     "readinessProbe": {"exec": {"command": [
                                         "/bin/sh", "-c", f"test ! -e {FAULT_DIR}/fault-{operand}"]},
                                         "periodSeconds": 2},
-                                    "volumeMounts": [{"name": "faults", "mountPath": FAULT_DIR, "readOnly": True}]}],
-                    "volumes": [{"name": "faults", "hostPath": {"path": FAULT_DIR, "type": "DirectoryOrCreate"}}]}}}}
+                                    "volumeMounts": mounts}],
+                    "volumes": volumes}}}}
 
     def _image(self, section: str, spec: dict, node: Hardware | None = None) -> str:
         body = spec[section]
