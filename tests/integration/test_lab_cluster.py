@@ -409,8 +409,9 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
         said_version = runtime.stdout.splitlines()
         assert said_version[0].split()[2] == target.model_extra["lab_build"]["containerd"]["version"], runtime.stdout
         assert said_version[1] == target.os["debian-12"].containerd["version"], runtime.stdout
+    # (containerd's CRI reports its version without the tag's "v".)
     assert {n["status"]["nodeInfo"]["containerRuntimeVersion"] for n in nodes} == {
-        f"containerd://{target.model_extra['lab_build']['containerd']['version']}"}
+        f"containerd://{target.model_extra['lab_build']['containerd']['version'].removeprefix('v')}"}
     # kubeadm's upgrade rewrote kubelet's config.yaml and the packages their unit files (0644):
     # the upgrade tightened them again on every node.
     assert [line for n in nodes for line in _cis_loose(cluster, n["metadata"]["name"])] == []
