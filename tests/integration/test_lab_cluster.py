@@ -31,7 +31,7 @@ from gpuboot.phases.catalog import cis_file_modes
 from gpuboot_lab import artifacts as lab_artifacts
 from gpuboot_lab.cluster import LabSpec
 from tests.integration.conftest import built_kubectl, kubernetes_lab, ssh
-from tests.support.faults import PowerCut
+from tests.support.faults import PowerCut, freeze_when_seen
 from tests.support.probe import ApiProbe
 from tests.support.reuse import reuse_module
 
@@ -368,8 +368,24 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
         assert run(["upgrade", inventory, "--to", UPGRADE_TO]) == 4
         assert "is in progress" in "".join(capsys.readouterr())
         # The operator removes the broken workload and continues: the upgraded nodes are only
-        # gated again, w2 is upgraded.
+        # gated again, w2 is drained and upgraded. w2 loses power while kubeadm upgrades it: the
+        # run stops naming w2 and says how to go on; once w2 is back, --resume finishes.
         _apply(cluster, CRASHER, "delete")
+        w2 = f"{NAME}-w2"
+        seen = freeze_when_seen(cluster, w2, "kubeadm upgrade nod[e]", "/run/gpuboot-fault-kubeadm-seen")
+        cut = PowerCut(cluster, w2, f"gpuboot-{NAME}-w2", seen, timeout=1800)
+        with cut:
+            code = run(["upgrade", inventory, "--to", UPGRADE_TO, "--resume", "--output", "json"])
+        lost = capsys.readouterr().out
+        assert cut.cut_after is not None, "w2's kubeadm upgrade step was never seen"
+        assert code != 0, lost[-4000:]
+        finished = next(json.loads(line) for line in lost.splitlines()
+                        if line.startswith('{"event": "RunFinished"'))
+        failures = " ".join(f"{f.get('host', '')}: {f['message']}" for f in finished["failures"])
+        assert w2 in failures and finished["resume"] and "--resume" in finished["resume"], finished
+        record = json.loads((cluster["kubeconfig"].parent / "state.json").read_text())["phases"]
+        assert record["upgrade_workers"]["status"] == "failed"
+        cut.power_on()
         code = run(["upgrade", inventory, "--to", UPGRADE_TO, "--resume"])
     took = time.monotonic() - t0
     terminal = capsys.readouterr().out
@@ -416,10 +432,11 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
     # the upgrade tightened them again on every node.
     assert [line for n in nodes for line in _cis_loose(cluster, n["metadata"]["name"])] == []
 
-    # The snapshot taken first by each run: on the control machine, private, with what etcdutl
-    # read from it; the first holds the cluster as it was before the upgrade.
+    # The snapshot taken first by each run that passed its checks (the gate stop, the power cut,
+    # the finish): on the control machine, private, with what etcdutl read from it; the first
+    # holds the cluster as it was before the upgrade.
     snapshots = sorted((cluster["kubeconfig"].parent / "etcd-snapshots").glob("*.db"))
-    assert len(snapshots) == 2 and all(stat.S_IMODE(s.stat().st_mode) == 0o600 for s in snapshots)
+    assert len(snapshots) == 3 and all(stat.S_IMODE(s.stat().st_mode) == 0o600 for s in snapshots)
     status = json.loads(snapshots[0].with_suffix(".json").read_text())["status"]
     assert status["totalKey"] > 100 and status["revision"] > 0 and status["totalSize"] > 0
 

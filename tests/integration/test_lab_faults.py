@@ -11,14 +11,14 @@ test_lab_cluster):
 - One control plane cut off by a firewall (every packet in and out of the node dropped) in the
   middle of its join: the run stops within a bounded time naming the node; once the firewall
   is lifted, a plain `up` converges.
-- A worker stopped (its power cut) while `gpuboot upgrade` drains and upgrades it: the upgrade
-  stops naming the node and says how to go on; once the node is back, `--resume` finishes it.
+
+(A worker losing power inside its `kubeadm upgrade node` is part of the upgrade in
+test_lab_cluster.py: a second upgrade here cost a quarter of an hour.)
 
 The tests share the cluster (module scope) and run in file order."""
 from __future__ import annotations
 
 import json
-import shlex
 import signal
 import subprocess
 import sys
@@ -29,12 +29,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuboot import matrix, processes
+from gpuboot import processes
 from gpuboot.cli.main import run
-from gpuboot_lab import artifacts as lab_artifacts
 from gpuboot_lab.cluster import LabSpec
-from tests.integration.conftest import built_kubectl, kubernetes_lab, ssh
-from tests.support.faults import Firewall, PowerCut
+from tests.integration.conftest import kubernetes_lab, ssh
+from tests.support.faults import Firewall
 from tests.support.reuse import reuse_module
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -42,7 +41,6 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 NAME = "kfault"
 SUBNET = "10.213.87.0/24"
 RELEASE = "k8s-1.36"
-UPGRADE_TO = "k8s-1.37"
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL_PLANES = [f"{NAME}-cp1", f"{NAME}-cp2", f"{NAME}-cp3"]
 NODES = [*CONTROL_PLANES, f"{NAME}-w1"]
@@ -320,58 +318,3 @@ def test_a_control_plane_cut_off_by_a_firewall_during_its_join_then_a_plain_up_c
     print(f"\ncp3 cut off {cut.cut_after:.0f}s into the run, mid-join; the run stopped "
           f"{stopped_after - cut.cut_after:.0f}s later naming it ({failures[:300]}); a plain up converged in "
           f"{converged_in:.0f}s")
-
-
-def test_a_worker_losing_power_while_upgraded_stops_the_upgrade_and_resume_finishes_it(kfault, capsys):
-    info, inventory, w1 = kfault, str(kfault["inventory"]), f"{NAME}-w1"
-    _converged(info, capsys)
-    to_version = matrix.load(UPGRADE_TO).kubernetes.version
-    built_kubectl(to_version)
-    bundle = info["tmp"] / "bundle-next"
-    lab_artifacts.write(to_version, bundle, log=lambda m: None)
-    info["lab"].start_mirror(bundle)
-    _wait_until(lambda: _cluster_problems(info, info["version"]) + _etcd_problems(info), timeout=240)
-    capsys.readouterr()
-    # w1 is drained, its kubeadm package upgraded, then kubeadm upgrades its kubelet configuration
-    # (under a second): power is lost right then. A watcher on the node itself, started once and
-    # running without a gap, sees kubeadm within 50 ms and freezes it (SIGSTOP) so that the cut,
-    # asked for over SSH, still lands inside that step; the mark lives in /run, gone with the power.
-    # (A watch restarted over SSH every 50 s missed the step once: it had a gap at each restart.)
-    seen = "/run/gpuboot-fault-kubeadm-seen"
-    watcher = ("until pgrep -f 'kubeadm upgrade nod[e]' >/dev/null; do sleep 0.05; done; "
-               f"pkill -STOP -f 'kubeadm upgrade nod[e]'; touch {seen}")
-    started = ssh(info, w1, f"rm -f {seen}; setsid timeout 1800 sh -c {shlex.quote(watcher)} "
-                            "</dev/null >/dev/null 2>&1 & echo started")
-    assert "started" in started.stdout, started.stderr
-    cut = PowerCut(info, w1, _container(w1), f"test -e {seen}", timeout=1800)
-    with cut:
-        code = run(["upgrade", inventory, "--to", UPGRADE_TO, "--output", "json"])
-    said = capsys.readouterr().out
-    assert cut.cut_after is not None, "w1's upgrade step was never seen"
-    assert code != 0, said[-4000:]
-    finished = next(e for e in _events(said) if e["event"] == "RunFinished")
-    failures = " ".join(f"{f.get('host', '')}: {f['message']}" for f in finished["failures"])
-    assert w1 in failures, finished
-    assert finished["resume"] and "--resume" in finished["resume"], finished
-    record = json.loads((info["kubeconfig"].parent / "state.json").read_text())["phases"]
-    assert record["upgrade_control_planes"]["status"] == "ok" and record["upgrade_workers"]["status"] == "failed"
-    cut.power_on()
-    # Without --resume a second run is refused; with it, the upgrade finishes.
-    assert run(["upgrade", inventory, "--to", UPGRADE_TO]) == 4
-    assert "is in progress" in "".join(capsys.readouterr())
-    t0 = time.monotonic()
-    assert run(["upgrade", inventory, "--to", UPGRADE_TO, "--resume"]) == 0, capsys.readouterr().out[-5000:]
-    resumed_in = time.monotonic() - t0
-    data = yaml.safe_load(info["inventory"].read_text())
-    data["all"]["vars"]["gpuboot"]["release"] = UPGRADE_TO
-    info["inventory"].write_text(yaml.safe_dump(data, sort_keys=False))
-    _wait_until(lambda: _cluster_problems(info, to_version) + _etcd_problems(info), timeout=300)
-    on_node = ssh(info, w1, "kubeadm version -o short; kubelet --version; apt-mark showhold | sort | tr '\\n' ' '")
-    lines = on_node.stdout.splitlines()
-    assert lines[:2] == [to_version, f"Kubernetes {to_version}"], on_node.stdout
-    assert {"kubeadm", "kubectl", "kubelet"} <= set(lines[2].split())
-    # And the inventory naming the new release, a plain `up` converges with nothing to do on w1
-    # but what the hosts show is missing.
-    assert run(["up", inventory, "--to", "cni"]) == 0, capsys.readouterr().out[-4000:]
-    print(f"\nw1 lost power {cut.cut_after:.0f}s into the upgrade, during `kubeadm upgrade node`; the run "
-          f"stopped naming it ({failures[:300]}); --resume finished in {resumed_in:.0f}s")

@@ -3,6 +3,7 @@ SSH (every 0.3 s) whether a shell test passes, and the moment it does, acts on t
 outside: cuts its power (SIGKILL to its container's systemd) or cuts it off the network."""
 from __future__ import annotations
 
+import shlex
 import subprocess
 import threading
 import time
@@ -86,3 +87,18 @@ class Firewall(NodeFault):
     def lift(self) -> None:
         self._nft(f"delete table inet {self.TABLE}\n")
         self._wait_for_ssh("true", "is not reachable after the firewall was lifted")
+
+
+def freeze_when_seen(info, node: str, pattern: str, mark: str, timeout: int = 1800) -> str:
+    """Start, on the node itself, a watcher that sees a process matching `pattern` within 50 ms
+    and freezes it (SIGSTOP), then touches `mark` (under /run: gone with the power). A step that
+    lasts under a second (kubeadm upgrading a kubelet's configuration) is missed by a watch
+    asked over SSH, which has a gap at each round trip; frozen, the step is still running when
+    the fault, asked for over SSH, lands. Returns the shell test for the fault's `when`."""
+    from tests.integration.conftest import ssh
+    watcher = (f"until pgrep -f {shlex.quote(pattern)} >/dev/null; do sleep 0.05; done; "
+               f"pkill -STOP -f {shlex.quote(pattern)}; touch {mark}")
+    started = ssh(info, node, f"rm -f {mark}; setsid timeout {timeout} sh -c {shlex.quote(watcher)} "
+                              "</dev/null >/dev/null 2>&1 & echo started")
+    assert "started" in started.stdout, started.stderr
+    return f"test -e {mark}"
