@@ -201,9 +201,20 @@ def test_gpuboot_up_builds_a_real_ha_cluster_that_converges_and_repairs(cluster,
     assert run(["up", str(cluster["inventory"]), "--to", "cni", "--output", "json"]) == 0, \
         capsys.readouterr().out[-4000:]
     repair_up = time.monotonic() - t2
-    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    repair_output = capsys.readouterr().out
+    events = [json.loads(line) for line in repair_output.splitlines() if line.startswith("{")]
     started = {e["phase"]: e["reason"] for e in events if e["event"] == "PhaseStarted"}
     assert set(started) == {"preflight", "container_runtime", "control_plane_join", "workers_join", "cni"}, started
+    # Each repair ran on the hosts that lost its result, and on the first control plane where
+    # its plays need it (a join's credentials); the pod network, whose routes name every node's
+    # pods, and so preflight, on every node.
+    touched = _touched(repair_output)
+    cp1, cp3, w1, w2 = (f"{NAME}-{h}" for h in ("cp1", "cp3", "w1", "w2"))
+    assert touched["container_runtime"] == {w1}, touched
+    assert cp3 in touched["control_plane_join"] <= {cp3, cp1}, touched
+    assert w2 in touched["workers_join"] <= {w2, cp1}, touched
+    assert set(names) <= touched["cni"] and set(names) <= touched["preflight"], touched
+    assert "; only on " in started["container_runtime"] and "; only on " not in started["cni"], started
     assert "config.toml is missing" in started["container_runtime"]
     assert "kubelet is" in started["workers_join"]
     assert started["control_plane_join"].startswith(f"{NAME}-cp3: /var/lib/kubelet/config.yaml is mode 0644, CIS 4.1.9"), \

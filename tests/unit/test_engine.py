@@ -55,7 +55,7 @@ def test_a_host_that_lost_a_phase_result_reruns_it_without_force(cluster, tmp_pa
     finished, events, _ = run(cluster, tmp_path, runner)
     assert finished.phases_run == ["preflight", "os_prep"]  # preflight runs before a phase that changes hosts
     started = next(e for e in events if isinstance(e, PhaseStarted) and e.phase == "os_prep")
-    assert started.reason == "gpu02: /etc/sysctl.d/90-gpuboot.conf is missing"
+    assert started.reason == "gpu02: /etc/sysctl.d/90-gpuboot.conf is missing; only on gpu02"
     # A re-imaged node (no records at all) is found the same way.
     runner.hosts.records.pop("cp02")
     finished, events, _ = run(cluster, tmp_path, runner)
@@ -78,7 +78,7 @@ def test_a_host_that_cannot_keep_the_record_fails_the_run_naming_it_and_runs_aga
     again, events, _ = run(cluster, tmp_path, runner)
     assert again.status == "ok" and again.phases_run == ["preflight", "os_prep"]
     started = next(e for e in events if isinstance(e, PhaseStarted) and e.phase == "os_prep")
-    assert started.reason == "gpu02: no record of this phase on the host"
+    assert started.reason == "gpu02: no record of this phase on the host; only on gpu02"
 
 
 def test_failure_stops_and_names_hosts_task_message_and_resume(cluster, tmp_path):
@@ -276,3 +276,72 @@ def test_an_interrupt_outside_a_playbook_is_recorded_with_its_resume(cluster, tm
     assert runner.hosts.lock is None
     assert state.load()["runs"][-1]["status"] == "interrupted"
     assert state.load()["phases"]["preflight"]["status"] == "ok"
+
+
+def _limits(runner) -> dict[str, tuple[str, ...]]:
+    """Per phase playbook the last run asked for, its --limit (empty: every host)."""
+    return {call.ident: tuple(call.limit) for call in runner.calls if not call.ident.startswith("state-")}
+
+
+def _run_phases(cluster, tmp_path, runner, names):
+    events = []
+    state = ClusterState.for_cluster(tmp_path, cluster.settings.cluster_name)
+    engine = Engine(cluster, state, RunOptions(), events.append, runner=runner)
+    return engine.run([p for p in UP if p.name in names]), events
+
+
+def test_a_repair_runs_only_on_the_hosts_that_lost_the_result_and_preflight_on_the_same(cluster, tmp_path):
+    runner = RunnerDouble()
+    _run_phases(cluster, tmp_path, runner, ("preflight", "os_prep", "container_runtime"))
+    runner.hosts.broken[("gpu02", "os_prep")] = "/etc/sysctl.d/90-gpuboot.conf is missing"
+    runner.hosts.broken[("cpu01", "container_runtime")] = "/etc/containerd/config.toml is missing"
+    runner.calls.clear()
+    finished, events = _run_phases(cluster, tmp_path, runner, ("preflight", "os_prep", "container_runtime"))
+    assert finished.status == "ok"
+    assert _limits(runner) == {"os_prep": ("gpu02",), "container_runtime": ("cpu01",),
+                               "preflight": ("cpu01", "gpu02")}, _limits(runner)
+    started = {e.phase: e for e in events if isinstance(e, PhaseStarted)}
+    assert started["os_prep"].hosts == ["gpu02"] and started["os_prep"].reason.endswith("; only on gpu02")
+    # Recorded on the hosts it ran on; the others kept theirs: the next run asks and runs nothing.
+    runner.calls.clear()
+    assert _run_phases(cluster, tmp_path, runner, ("preflight", "os_prep", "container_runtime"))[0].phases_run == []
+
+
+def test_a_repair_also_runs_on_the_hosts_its_plays_pick_by_position(cluster, tmp_path):
+    # workers_join makes the join's credentials on control_plane[0]: a worker's repair needs it.
+    names = ("preflight", "workers_join", "control_plane_join")
+    runner = RunnerDouble()
+    _run_phases(cluster, tmp_path, runner, names)
+    runner.hosts.broken[("gpu02", "workers_join")] = "kubelet is inactive"
+    runner.hosts.broken[("cp03", "control_plane_join")] = "/etc/kubernetes/kubelet.conf is missing"
+    runner.calls.clear()
+    finished, events = _run_phases(cluster, tmp_path, runner, names)
+    assert finished.status == "ok"
+    limits = _limits(runner)
+    assert set(limits["workers_join"]) == {"cp01", "gpu02"}, limits
+    assert set(limits["control_plane_join"]) == {"cp01", "cp03"}, limits
+    reason = next(e.reason for e in events if isinstance(e, PhaseStarted) and e.phase == "workers_join")
+    assert reason == "gpu02: kubelet is inactive; only on gpu02 (and cp01, which it needs)"
+
+
+def test_a_phase_runs_whole_when_every_host_lost_it_or_it_repairs_only_whole(cluster, tmp_path):
+    runner = RunnerDouble()
+    _run_phases(cluster, tmp_path, runner, ("preflight", "os_prep", "cni"))
+    hosts = [p for p in UP if p.name == "os_prep"][0].hosts_in(cluster)
+    for host in hosts:
+        runner.hosts.broken[(host, "os_prep")] = "/etc/sysctl.d/90-gpuboot.conf is missing"
+    # The pod network: one node's routes name every node's pod CIDR, so it runs everywhere.
+    runner.hosts.broken[("gpu01", "cni")] = "/etc/cni/net.d/10-gpuboot-bridge.conflist is missing"
+    runner.calls.clear()
+    finished, events = _run_phases(cluster, tmp_path, runner, ("preflight", "os_prep", "cni"))
+    assert finished.phases_run == ["preflight", "os_prep", "cni"]
+    assert _limits(runner) == {"preflight": (), "os_prep": (), "cni": ()}
+    assert not any("only on" in e.reason for e in events if isinstance(e, PhaseStarted))
+
+
+def test_a_host_that_did_not_answer_the_probe_makes_the_whole_phase_run():
+    from gpuboot.phases.convergence import Probe
+    probe = Probe({"os_prep": {"a": [], "b": ["gone"]}}, unreachable={"c"})
+    assert probe.drifted("os_prep", ["a", "b"]) == ["b"]
+    assert probe.drifted("os_prep", ["a", "b", "c"]) is None
+    assert probe.drifted("os_prep", ["a", "b", "d"]) is None  # not asked

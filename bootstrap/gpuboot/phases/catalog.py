@@ -4,6 +4,7 @@ cluster's settings, and the result it leaves on the hosts (files, services) that
 later run whether the hosts still show it."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -56,6 +57,10 @@ def _not_built(what: str) -> Unbuilt:
     return lambda settings: f"{what} is not built yet"
 
 
+# A host pattern that picks one host of a group by its index (`control_plane[0]`), not a slice.
+ONE_BY_POSITION = re.compile(r"\[-?\d+\]$")
+
+
 @dataclass(frozen=True)
 class Phase:
     name: str
@@ -79,6 +84,10 @@ class Phase:
     idle_when: Callable[[Cluster], str | None] = field(default=lambda cluster: None, compare=False)
     # Data only this phase reads (gitops_handoff: the repository's files), computed when it runs.
     extravars: Callable[[Cluster], dict] = field(default=lambda cluster: {}, compare=False)
+    # A repair runs it only on the hosts that lost its result (and those its plays pick by
+    # position). False where one host's result depends on every other's (the bridge CNI's
+    # static routes name every node's pod CIDR).
+    repairs_per_host: bool = True
 
     def idle(self, cluster: Cluster) -> str | None:
         return self.idle_when(cluster)
@@ -107,6 +116,12 @@ class Phase:
     def hosts(self) -> str:
         """Its plays' host patterns, for a person to read."""
         return ", ".join(self.host_patterns)
+
+    def hosts_by_position(self, cluster: Cluster) -> list[str]:
+        """The hosts its plays pick by position (`control_plane[0]`: where a join's credentials
+        are made): a repair on other hosts needs them too."""
+        return list(dict.fromkeys(h for pattern in self.host_patterns if ONE_BY_POSITION.search(pattern)
+                                  for h in cluster.hosts_matching(pattern)))
 
     def hosts_in(self, cluster: Cluster) -> list[str]:
         """The hosts its plays target, in play and inventory order. Each play's pattern is
@@ -244,7 +259,8 @@ UP: tuple[Phase, ...] = (
           Result(present=("/etc/kubernetes/kubelet.conf",), services=("kubelet",), cis_modes=("node", "control_plane")),
           pulls=("kubernetes",)),
     Phase("workers_join", "Worker joins", "workers_join.yml", KUBELET, pulls=("kubernetes",)),
-    Phase("cni", "Pod network (Calico, or bridge)", "cni.yml", _cni_result, pulls=("calico",)),
+    Phase("cni", "Pod network (Calico, or bridge)", "cni.yml", _cni_result, pulls=("calico",),
+          repairs_per_host=False),
     # What gpuboot applies lives on the first control plane; the objects live in the cluster.
     # The NIC driver (DOCA) is ready before the GPU driver loads: NVIDIA's order for GPUDirect.
     Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml",

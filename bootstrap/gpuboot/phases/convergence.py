@@ -96,6 +96,14 @@ class Probe:
                 return False, f"{host}: {answers[host][0]}"
         return True, ""
 
+    def drifted(self, phase: str, hosts: list[str]) -> list[str] | None:
+        """The hosts that answered that the phase's result is gone, or None when a host did not
+        answer or was not asked (then nobody knows what it needs: the whole phase runs)."""
+        answers = self.reasons.get(phase, {})
+        if any(host in self.unreachable or host not in answers for host in hosts):
+            return None
+        return [host for host in hosts if answers[host]]
+
 
 def probe_from(results: list, phases: list[str]) -> Probe:
     """Collect the probe task's per-host answers (HostResult.data) into a Probe."""

@@ -96,6 +96,8 @@ class Engine:
     runner: Runner = run_playbook
     failures: list[Failure] = field(default_factory=list)
     last_stats: PlaybookStats | None = None
+    # Per phase that a repair runs on some of its hosts only: those hosts (see _plan).
+    repairs: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sink = tee(RunLog(), self.sink)
@@ -169,6 +171,8 @@ class Engine:
         return result
 
     def _limit_for(self, phase: Phase) -> tuple[str, ...]:
+        if phase.name in self.repairs:
+            return self.repairs[phase.name]
         return () if phase.name in self.options.unlimited else self.options.limit
 
     def _limited(self, phase: Phase, hosts: list[str]) -> list[str]:
@@ -241,6 +245,7 @@ class Engine:
     def _plan(self, phases: list[Phase], probe: convergence.Probe | None,
               digests: dict[str, str], hosts: dict[str, list[str]]) -> dict[str, tuple[bool, str]]:
         """Per phase: (skip it?, why)."""
+        self.repairs.clear()
         record = self.state.load()["phases"]
         decision: dict[str, tuple[bool, str]] = {}
         for phase in phases:
@@ -265,14 +270,33 @@ class Engine:
             else:
                 ok, why = probe.converged(phase.name, hosts[phase.name])
                 decision[phase.name] = (True, f"converged: every host still shows it (since {previous.get('at')})") \
-                    if ok else (False, why)
-        # A read-only phase (preflight) runs when a later phase of this run does.
+                    if ok else (False, why + self._repair_on_some(phase, probe, hosts[phase.name]))
+        # A read-only phase (preflight) runs when a later phase of this run does, on the hosts
+        # those phases run on.
         for index, phase in enumerate(phases):
             later = [p for p in phases[index + 1:] if not p.read_only and not p.gate]
             if phase.read_only and probe is not None and not self.options.force and later \
                     and all(decision[p.name][0] for p in later):
                 decision[phase.name] = (True, "every later phase is converged")
+            elif phase.read_only and probe is not None and later:
+                running = [p for p in later if not decision[p.name][0]]
+                if running and all(p.name in self.repairs for p in running):
+                    only = tuple(dict.fromkeys(h for p in running for h in self.repairs[p.name]))
+                    self.repairs[phase.name] = tuple(h for h in hosts[phase.name] if h in only)
         return decision
+
+    def _repair_on_some(self, phase: Phase, probe: convergence.Probe, hosts: list[str]) -> str:
+        """When only some of a phase's hosts lost its result, run it on those (and on the hosts
+        its plays pick by position) and say so; otherwise on all its hosts, as before."""
+        drifted = probe.drifted(phase.name, hosts)
+        if not phase.repairs_per_host or not drifted or len(drifted) == len(hosts):
+            return ""
+        needed = [h for h in phase.hosts_by_position(self.cluster) if h in hosts and h not in drifted]
+        chosen = set(drifted) | set(needed)
+        if chosen == set(hosts):
+            return ""
+        self.repairs[phase.name] = tuple(h for h in hosts if h in chosen)
+        return f"; only on {', '.join(drifted)}" + (f" (and {', '.join(needed)}, which it needs)" if needed else "")
 
     def _stop_leftovers(self) -> None:
         """Holding the state lock, no other gpuboot of this state directory is alive: any
@@ -315,7 +339,8 @@ class Engine:
                     if skip:
                         self.sink(PhaseSkipped(phase.name, why))
                         continue
-                    self.sink(PhaseStarted(phase.name, phase.title, hosts[phase.name], index, len(phases), why))
+                    on = list(self.repairs.get(phase.name, hosts[phase.name]))
+                    self.sink(PhaseStarted(phase.name, phase.title, on, index, len(phases), why))
                     t0 = time.monotonic()
                     self.last_stats = None
                     before = len(self.failures)
