@@ -23,11 +23,11 @@ def cluster():
     return load_cluster(ROOT / "inventories" / "sample" / "inventory.yml")
 
 
-def run(cluster, tmp_path, runner, **options):
+def run(cluster, tmp_path, runner, phases=PHASES, **options):
     events = []
     state = ClusterState.for_cluster(tmp_path, cluster.settings.cluster_name)
     engine = Engine(cluster, state, RunOptions(**options), events.append, runner=runner)
-    return engine.run(PHASES), events, state
+    return engine.run(phases), events, state
 
 
 def test_success_records_state_and_rerun_skips_converged_phases(cluster, tmp_path):
@@ -284,10 +284,7 @@ def _limits(runner) -> dict[str, tuple[str, ...]]:
 
 
 def _run_phases(cluster, tmp_path, runner, names):
-    events = []
-    state = ClusterState.for_cluster(tmp_path, cluster.settings.cluster_name)
-    engine = Engine(cluster, state, RunOptions(), events.append, runner=runner)
-    return engine.run([p for p in UP if p.name in names]), events
+    return run(cluster, tmp_path, runner, phases=[p for p in UP if p.name in names])[:2]
 
 
 def test_a_repair_runs_only_on_the_hosts_that_lost_the_result_and_preflight_on_the_same(cluster, tmp_path):
