@@ -17,7 +17,7 @@ fi
 backend=$(python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml","rb"))["build-system"]["requires"]))')
 backend+=$'\neditables'
 
-args=(pip compile pyproject.toml - --extra test --generate-hashes --python-version 3.11
+args=(pip compile pyproject.toml - --extra test --generate-hashes --python-version 3.12
       --python-platform x86_64-unknown-linux-gnu --no-header --output-file requirements.lock)
 [ "${1:-}" = "--upgrade" ] && args+=(--upgrade)
 {

@@ -30,11 +30,31 @@ if [ -z "$go_version" ] || [ "$(printf '%s\n%s\n' "$GO_MIN" "$go_version" | sort
   exit 2
 fi
 
-stamp=$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
+# ansible-core 2.21 runs on Python 3.12 or newer on the control machine (Debian 12's python3 is
+# 3.11). The first new enough of: $GPUBOOT_PYTHON, python3, python3.14 to python3.12 on PATH,
+# then the versions pyenv installed.
+python=""
+for candidate in "${GPUBOOT_PYTHON:-}" python3 python3.14 python3.13 python3.12 \
+                 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[2-9]*/bin/python3; do
+  [ -n "$candidate" ] || continue
+  if "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then
+    python=$("$candidate" -c 'import sys; print(sys.executable)')
+    break
+  fi
+done
+if [ -z "$python" ]; then
+  found=$(python3 --version 2>/dev/null || echo none)
+  echo "setup: gpuboot's Ansible (ansible-core 2.21) needs Python 3.12 or newer (found: $found)." >&2
+  echo "  install one (Debian 13's python3, or \`pyenv install 3.12\`), or set GPUBOOT_PYTHON to its path," >&2
+  echo "  and run bash bootstrap/setup.sh again" >&2
+  exit 2
+fi
+
+stamp=$({ cat pyproject.toml requirements.lock; "$python" --version; } | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/gpuboot ] || [ "$(cat .venv/.gpuboot-deps 2>/dev/null)" != "$stamp" ]; then
-  echo "setup: creating .venv from requirements.lock"
+  echo "setup: creating .venv from requirements.lock with $("$python" --version)"
   rm -rf .venv
-  python3 -m venv .venv
+  "$python" -m venv .venv
   .venv/bin/pip install -q --require-hashes --no-deps -r requirements.lock
   # gpuboot itself, editable, with the locked build backend: nothing unlocked is fetched.
   .venv/bin/pip install -q --no-deps --no-build-isolation -e .
