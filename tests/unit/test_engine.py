@@ -342,3 +342,14 @@ def test_a_host_that_did_not_answer_the_probe_makes_the_whole_phase_run():
     assert probe.drifted("os_prep", ["a", "b"]) == ["b"]
     assert probe.drifted("os_prep", ["a", "b", "c"]) is None
     assert probe.drifted("os_prep", ["a", "b", "d"]) is None  # not asked
+
+
+def test_plan_says_where_a_repair_of_a_converged_phase_would_run(cluster, tmp_path):
+    from gpuboot.phases.planning import describe
+    names = ("os_prep", "workers_join", "cni")
+    _run_phases(cluster, tmp_path, RunnerDouble(), names)
+    state = ClusterState.for_cluster(tmp_path, cluster.settings.cluster_name)
+    actions = {row["phase"]: row["action"] for row in describe(cluster, [p for p in UP if p.name in names], state)}
+    assert actions["os_prep"].endswith("; else on the hosts that lost it"), actions
+    assert actions["workers_join"].endswith("; else on the hosts that lost it and cp01, which it needs"), actions
+    assert actions["cni"].endswith("; else on every host (one host's result depends on every other's)"), actions

@@ -27,7 +27,7 @@ def describe(cluster: Cluster, phases: list[Phase], state: ClusterState) -> list
             action = f"stops: {stops}"
             stopped = phase.name
         elif previous.get("status") == "ok" and previous.get("fingerprint") == fingerprint(cluster, phase, hosts):
-            action = "skipped if every host still shows its result (inputs unchanged)"
+            action = "skipped if every host still shows its result (inputs unchanged); " + _repair_scope(cluster, phase)
         elif previous.get("status") == "failed":
             action = "run again (failed last time)"
         elif previous:
@@ -40,6 +40,14 @@ def describe(cluster: Cluster, phases: list[Phase], state: ClusterState) -> list
             row["demands"] = gate_demands(cluster)
         rows.append(row)
     return rows
+
+
+def _repair_scope(cluster: Cluster, phase: Phase) -> str:
+    """Where a repair of this phase runs when only some hosts lost its result (engine._plan)."""
+    if not phase.repairs_per_host:
+        return "else on every host (one host's result depends on every other's)"
+    needed = phase.hosts_by_position(cluster)
+    return "else on the hosts that lost it" + (f" and {', '.join(needed)}, which it needs" if needed else "")
 
 
 def _listed(resources: dict[str, int | None]) -> str:
