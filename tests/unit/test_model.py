@@ -4,6 +4,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import InventoryError
@@ -161,6 +162,16 @@ def test_check_files_reports_missing_secret_files(tmp_path):
         load_cluster(inv, check_files=True)
     (tmp_path / "keys" / "missing").chmod(0o600)
     load_cluster(inv, check_files=True)
+
+
+def test_each_group_variable_is_defined_in_one_file():
+    """A variable set in two group_vars files takes its value from whichever Ansible reads last:
+    the two drift apart unseen."""
+    owners: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "playbooks" / "group_vars").rglob("*.yml")):
+        for name in yaml.safe_load(path.read_text()) or {}:
+            owners.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    assert owners and {name: files for name, files in owners.items() if len(files) > 1} == {}
 
 
 def test_the_model_is_the_one_owner_of_defaults(tmp_path):
