@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,21 +21,16 @@ import yaml
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
 from gpuboot.gitops.repo import Repository
+from gpuboot.net import free_port
 from gpuboot_lab.gitserver import GitServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FOUR_TENANTS = ROOT / "tests" / "fixtures" / "four-tenants"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server(tmp_path):
-    git = GitServer(tmp_path / "git", "127.0.0.1", _free_port()).start()
+    git = GitServer(tmp_path / "git", "127.0.0.1", free_port()).start()
     yield git
     git.stop()
 
@@ -133,7 +127,7 @@ def test_a_new_repository_gets_the_render_and_diff_says_nothing_differs(server, 
 
 
 def test_a_wrong_host_key_or_a_key_without_access_is_refused(server, inventory, tmp_path):
-    other = GitServer(tmp_path / "other", "127.0.0.1", _free_port()).start()
+    other = GitServer(tmp_path / "other", "127.0.0.1", free_port()).start()
     try:
         # The other server's host key under this server's address: ssh must refuse it.
         wrong = tmp_path / "wrong_known_hosts"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ from gpuboot import processes
 from gpuboot.ansible.runner import PlaybookRun, run_playbook
 from gpuboot.config.loader import load_cluster
 from gpuboot.events import ProcessesStopped
+from gpuboot.net import free_port
 from gpuboot.phases.catalog import UP
 from gpuboot.phases.engine import Engine, RunOptions
 from gpuboot.state import ClusterState
@@ -142,9 +144,13 @@ def _serving(tmp_path: Path) -> tuple[subprocess.Popen, int]:
     child), and the registry's pid once it answers."""
     packages = tmp_path / "packages"
     packages.mkdir()
+    # Ports the kernel has free now: a fixed one may be any busy machine's outgoing connection.
+    registry_port, packages_port = free_port(), free_port()
+    while packages_port == registry_port:
+        packages_port = free_port()
     gpuboot = subprocess.Popen([str(Path(sys.executable).parent / "gpuboot"), "mirror", "serve", "--root",
-                                str(tmp_path / "root"), "--listen", "127.0.0.1:45123", "--plain-http",
-                                "--packages-dir", str(packages), "--packages-listen", "127.0.0.1:45124"],
+                                str(tmp_path / "root"), "--listen", f"127.0.0.1:{registry_port}", "--plain-http",
+                                "--packages-dir", str(packages), "--packages-listen", f"127.0.0.1:{packages_port}"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                cwd=tmp_path)
     # Ready once it says where it serves (the registry answers by then).
@@ -186,6 +192,25 @@ def test_a_closed_terminal_stops_mirror_serve_and_its_registry(tmp_path):
     gpuboot.send_signal(signal.SIGHUP)
     assert gpuboot.wait(15) == 0
     assert _gone(registry)
+
+
+def test_a_taken_package_address_is_named_and_the_registry_stops(tmp_path):
+    (tmp_path / "packages").mkdir()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        proc = subprocess.run([str(Path(sys.executable).parent / "gpuboot"), "mirror", "serve", "--root",
+                               str(tmp_path / "root"), "--listen", f"127.0.0.1:{free_port()}", "--plain-http",
+                               "--packages-dir", str(tmp_path / "packages"), "--packages-listen", f"127.0.0.1:{taken}"],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    said = proc.stdout + proc.stderr
+    assert f"the package server could not listen on 127.0.0.1:{taken}" in said and "--packages-listen" in said
+    registry_log = tmp_path / "root" / "registry.log"
+    assert "listening on" in registry_log.read_text()  # it had started, and was stopped with the failure
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "root")], capture_output=True, text=True).stdout
+    assert not left.strip(), f"a registry outlived the failed start: {left}"
 
 
 def test_a_token_in_the_operators_shell_never_reaches_the_playbook_or_its_record(tmp_path, monkeypatch):

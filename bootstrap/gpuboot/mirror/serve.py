@@ -171,9 +171,24 @@ def start(spec: ServeSpec, timeout: float = 10) -> RunningRegistry:
         try:
             with socket.create_connection((host, int(port)), timeout=0.5):
                 pass
-            packages = serve_packages(spec) if spec.packages_dir else None
-            return RunningRegistry(spec, process, log, packages)
         except OSError:
             time.sleep(0.05)
+            continue
+        return RunningRegistry(spec, process, log, _packages_or_stop(spec, process))
     process.kill()
     raise MirrorError(f"registry did not listen on {spec.listen} within {timeout:.0f}s; see {log}")
+
+
+def _packages_or_stop(spec: ServeSpec, registry: subprocess.Popen) -> http.server.ThreadingHTTPServer | None:
+    """The package server beside a registry that already answers; the registry stops with it when
+    its address is taken, so a failed start leaves nothing serving."""
+    if not spec.packages_dir:
+        return None
+    try:
+        return serve_packages(spec)
+    except OSError as err:
+        registry.kill()
+        registry.wait()
+        raise MirrorError(f"the package server could not listen on {spec.packages_listen}: {err.strerror or err}",
+                          hint="another process holds that address (ss -ltnp shows which); "
+                               "stop it or give --packages-listen another port") from err
