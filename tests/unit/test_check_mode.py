@@ -1,8 +1,8 @@
 """`gpuboot plan --check` runs every phase in Ansible's check mode. There a command, shell, raw,
 script or uri task is skipped unless it says `check_mode: false`, and whatever reads its
 registered result then fails on an undefined attribute. So every read (a task that declares
-`changed_when: false`) must run in check mode too, or say in its `when` what a dry run does
-instead. The lab proof is the handoff module's `plan --check` through every phase
+`changed_when: false`, or a uri GET) must run in check mode too, itself or through its block,
+or say in its `when` what a dry run does instead. The lab proof is the handoff module's `plan --check` through every phase
 (tests/integration/test_lab_gitops.py)."""
 from __future__ import annotations
 
@@ -25,17 +25,20 @@ def task_files() -> list[Path]:
                    *ROOT.glob("playbooks/tasks/*.yml")])
 
 
-def tasks(node) -> list[dict]:
-    """Every task in a task file or playbook, blocks opened."""
+def tasks(node, inherited: dict | None = None) -> list[dict]:
+    """Every task in a task file or playbook, blocks opened; a task takes its block's check_mode."""
+    inherited = inherited or {}
     if isinstance(node, list):
-        return [task for item in node for task in tasks(item)]
+        return [task for item in node for task in tasks(item, inherited)]
     if not isinstance(node, dict):
         return []
+    if "check_mode" in node:
+        inherited = {**inherited, "check_mode": node["check_mode"]}
     if any(key in node for key in CONTAINERS):
-        return [task for key in CONTAINERS for task in tasks(node.get(key) or [])]
+        return [task for key in CONTAINERS for task in tasks(node.get(key) or [], inherited)]
     if "hosts" in node:
-        return [task for key in PLAY_SECTIONS for task in tasks(node.get(key) or [])]
-    return [node]
+        return [task for key in PLAY_SECTIONS for task in tasks(node.get(key) or [], inherited)]
+    return [{**inherited, **node}]
 
 
 def module_of(task: dict) -> str | None:
@@ -47,25 +50,49 @@ def when_text(task: dict) -> str:
     return " ".join(map(str, when)) if isinstance(when, list) else str(when)
 
 
+def is_read(task: dict) -> bool:
+    module = module_of(task)
+    if module not in SKIPPED_IN_CHECK_MODE:
+        return False
+    if module == "ansible.builtin.uri" and isinstance(task[module], dict):
+        if str(task[module].get("method", "GET")).upper() in ("GET", "HEAD"):
+            return True
+    return task.get("changed_when") is False
+
+
 def unready_reads(path: Path) -> list[str]:
     return [task.get("name", "?") for task in tasks(yaml.safe_load(path.read_text()) or [])
-            if module_of(task) in SKIPPED_IN_CHECK_MODE and task.get("changed_when") is False
-            and task.get("check_mode") is not False and "ansible_check_mode" not in when_text(task)]
+            if is_read(task) and task.get("check_mode") is not False and "ansible_check_mode" not in when_text(task)]
 
 
 def test_the_scan_sees_the_tasks_it_must():
     # A scan that finds no reads at all would pass every file: it must see the known ones.
     reads = [task for path in task_files() for task in tasks(yaml.safe_load(path.read_text()) or [])
-             if module_of(task) in SKIPPED_IN_CHECK_MODE and task.get("changed_when") is False]
-    assert len(reads) >= 30
+             if is_read(task)]
+    assert len(reads) >= 33
     planted = yaml.safe_load("""
 - name: a block
   block:
     - name: X | read something
       ansible.builtin.command: [kubectl, get, nodes]
       changed_when: false
+    - name: X | read a URL
+      ansible.builtin.uri:
+        url: https://mirror.example:5000/v2/
+    - name: X | post to a URL
+      ansible.builtin.uri:
+        url: https://mirror.example:5000/v2/
+        method: POST
+- name: a block that reads in check mode
+  check_mode: false
+  block:
+    - name: X | read a URL in a dry run too
+      ansible.builtin.uri:
+        url: https://mirror.example:5000/v2/
 """)
-    assert [task["name"] for task in tasks(planted)] == ["X | read something"]
+    assert [task["name"] for task in tasks(planted) if is_read(task)] == [
+        "X | read something", "X | read a URL", "X | read a URL in a dry run too"]
+    assert [task["check_mode"] for task in tasks(planted) if "check_mode" in task] == [False]
 
 
 @pytest.mark.parametrize("path", task_files(), ids=lambda path: str(path.relative_to(ROOT)))
