@@ -1,12 +1,19 @@
 """Every object gpuboot would apply for the add-ons is accepted by a real API server (issue 13,
-point 6; issue 14 for the Network Operator): for the sample, the mixed NIC fleet and each GPU case, what `gpuboot render` writes is rendered
-through the double charts with the real helm exactly as the phases do (playbooks/group_vars/
-all/charts.yml: `helm template` for the cluster's Kubernetes version, values on stdin), the
-CRDs are applied for real and established, and every other object passes a server-side dry
-run of a server-side apply. The charts are TEST DOUBLES (tests/doubles/charts); the API
-server, its validation of each object and of each custom resource against its CRD are real."""
+point 6; issue 14 for the Network Operator; issue 29, point 2): for the sample, the mixed NIC
+fleet and each GPU case, what `gpuboot render` writes is rendered with the real helm exactly as
+the phases do (playbooks/group_vars/all/charts.yml: `helm template` for the cluster's Kubernetes
+version, values on stdin), the CRDs are applied for real and established, and every other
+object, gpuboot's own custom resources included, passes a server-side dry run of a server-side
+apply (strict field validation: a field the CRD does not know fails).
+
+Each case runs twice: through the chart DOUBLES (tests/doubles/charts, whose closed schemas
+refuse an unknown key), and through the REAL charts at the tag the case's release pins, read
+from the upstream source trees where they are on this machine (`GPUBOOT_UPSTREAM_SOURCES`, as in
+test_double_schemas_vs_real_charts.py): NVIDIA's and Calico's own templates and CRDs then judge
+gpuboot's values and custom resources. The API server is real either way."""
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -16,6 +23,7 @@ import yaml
 from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
+from tests.integration.test_double_schemas_vs_real_charts import source_tree
 from tests.support.addon_doubles import CHARTS
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -36,8 +44,43 @@ ADDONS = {
 }
 
 
-def helm_template(helm: Path, chart: str, release: str, namespace: str, kube_version: str, values: str) -> list[dict]:
-    proc = subprocess.run([str(helm), "template", release, str(CHARTS / chart), "--namespace", namespace,
+class ChartSource:
+    """Where a chart comes from: the doubles, or the upstream source tree at the pinned tag
+    (extracted once per tag with `git archive`)."""
+
+    def __init__(self, kind: str, cache: Path) -> None:
+        self.kind, self.cache = kind, cache
+
+    def chart(self, name: str, version: str, release: str) -> Path:
+        if self.kind == "double":
+            return CHARTS / name
+        upstream, git_dir, tag = source_tree(name, version, release)
+        into = self.cache / f"{upstream.repository}-{tag}"
+        if not (into / upstream.chart_dir).is_dir():
+            into.mkdir(parents=True, exist_ok=True)
+            wanted = [upstream.chart_dir]
+            while wanted:
+                extract(git_dir, tag, wanted, into)
+                # A chart's symlink into the rest of the tree (Calico's CRD chart links its CRDs)
+                # is resolved in a packaged chart: its target comes out of the same tag.
+                wanted = sorted({str(Path(os.path.normpath(link.parent / os.readlink(link))).relative_to(into))
+                                 for link in (into / upstream.chart_dir).rglob("*")
+                                 if link.is_symlink() and not link.exists()})
+        return into / upstream.chart_dir
+
+
+def extract(git_dir: Path, tag: str, paths: list[str], into: Path) -> None:
+    archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", tag, *paths], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+
+
+@pytest.fixture(scope="module", params=["double", "real"])
+def charts(request, tmp_path_factory) -> ChartSource:
+    return ChartSource(request.param, tmp_path_factory.mktemp("upstream-charts"))
+
+
+def helm_template(helm: Path, chart: Path, release: str, namespace: str, kube_version: str, values: str) -> list[dict]:
+    proc = subprocess.run([str(helm), "template", release, str(chart), "--namespace", namespace,
                            "--kube-version", kube_version, "--include-crds", "--values", "-"],
                           input=values, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -45,7 +88,7 @@ def helm_template(helm: Path, chart: str, release: str, namespace: str, kube_ver
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, api, helm, tmp_path):
+def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, api, helm, tmp_path):
     inventory = CASES[case]
     assert run(["render", str(inventory), "--out", str(tmp_path)]) == 0
     cluster = load_cluster(inventory)
@@ -53,16 +96,19 @@ def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, api, hel
     kube_version = release.kubernetes.version
     first = cluster.first_control_plane
     addons = tmp_path / first / "etc" / "gpuboot" / "addons"
-    checked = 0
+    checked, custom = 0, []
     for name, (chart, namespace, before, after) in ADDONS.items():
         directory = addons / name
         if not directory.is_dir():
             continue
-        objects = helm_template(helm, chart, chart, namespace, kube_version, (directory / "values.yaml").read_text())
+        pinned = (release.model_extra or {})[name.replace("-", "_")]
+        objects = helm_template(helm, charts.chart(chart, pinned["chart"]["version"], release.name), chart, namespace,
+                                kube_version, (directory / "values.yaml").read_text())
         # An add-on whose CRDs are a chart of their own (Calico from v3.32) renders it first, as the phase does.
-        crd_chart = (release.model_extra or {}).get(name.replace("-", "_"), {}).get("crd_chart")
+        crd_chart = pinned.get("crd_chart")
         if crd_chart:
-            objects = helm_template(helm, crd_chart["name"], f"{chart}-crds", namespace, kube_version, "") + objects
+            objects = helm_template(helm, charts.chart(crd_chart["name"], crd_chart["version"], release.name),
+                                    f"{chart}-crds", namespace, kube_version, "") + objects
         crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
         api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(crds))
         for crd in crds:
@@ -74,12 +120,23 @@ def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, api, hel
             if (directory / file).is_file():
                 documents += [d for d in yaml.safe_load_all((directory / file).read_text()) if d]
         documents += [o for o in objects if o["kind"] != "CustomResourceDefinition"]
+        kinds = {crd["spec"]["names"]["kind"] for crd in crds}
+        custom += [d for d in documents if d["kind"] in kinds and isinstance(d.get("spec"), dict)]
         for document in documents:
             proc = api.kubectl("apply", "--server-side", "--dry-run=server", "--field-manager=gpuboot", "-f", "-",
                                stdin=yaml.safe_dump(document), check=False)
             assert proc.returncode == 0, f"{case}/{name}: {document['kind']} {document['metadata']['name']}: {proc.stderr}"
             checked += 1
     assert checked > 0
+    if charts.kind == "real":
+        # The real CRDs judge strictly: a field one does not know fails the dry run, so a key
+        # gpuboot invented in a custom resource would have failed above.
+        for document in custom:
+            planted = {**document, "spec": {**document["spec"], "gpubootPlanted": True}}
+            proc = api.kubectl("apply", "--server-side", "--dry-run=server", "--field-manager=gpuboot", "-f", "-",
+                               stdin=yaml.safe_dump(planted), check=False)
+            assert proc.returncode != 0 and "gpubootPlanted" in proc.stderr, (planted["kind"], proc.stderr)
+        return
     # A Calico pool outside kubeadm's podSubnet never reaches here: validation refuses it
     # (tests/unit/test_gpu_plan.py and the corpus); an unknown key never renders (the schema).
     bad = subprocess.run([str(helm), "template", "x", str(CHARTS / "gpu-operator"), "--values", "-"],
