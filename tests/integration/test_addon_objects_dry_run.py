@@ -69,6 +69,30 @@ class ChartSource:
         return into / upstream.chart_dir
 
 
+    def runtime_crds(self, name: str, version: str, release: str, policies: list[dict]) -> list[dict]:
+        """The CRDs a real operator applies itself once its policy asks for a state (the
+        Network Operator's nv-ipam IPPool: `manifests/state-nv-ipam-cni`, not its chart)."""
+        if self.kind == "double":
+            return []
+        _, git_dir, tag = source_tree(name, version, release)
+        found = []
+        for section, state in RUNTIME_STATES.get(name, {}).items():
+            if not any(section in (policy.get("spec") or {}) for policy in policies):
+                continue
+            listed = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "--name-only", f"{tag}:{state}"],
+                                    capture_output=True, text=True, check=True).stdout.split()
+            for file in listed:
+                text = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{tag}:{state}/{file}"],
+                                      capture_output=True, text=True, check=True).stdout
+                if "kind: CustomResourceDefinition" in text:
+                    found += [d for d in yaml.safe_load_all(text) if d and d.get("kind") == "CustomResourceDefinition"]
+        return found
+
+
+# chart -> {policy spec section: the operator's state directory whose CRDs it applies for it}
+RUNTIME_STATES = {"network-operator": {"nvIpam": "manifests/state-nv-ipam-cni"}}
+
+
 def extract(git_dir: Path, tag: str, paths: list[str], into: Path) -> None:
     archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", tag, *paths], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
@@ -110,6 +134,9 @@ def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, 
             objects = helm_template(helm, charts.chart(crd_chart["name"], crd_chart["version"], release.name),
                                     f"{chart}-crds", namespace, kube_version, "") + objects
         crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
+        policies = [d for file in after if (directory / file).is_file()
+                    for d in yaml.safe_load_all((directory / file).read_text()) if d]
+        crds += charts.runtime_crds(chart, pinned["chart"]["version"], release.name, policies)
         api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(crds))
         for crd in crds:
             api.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
@@ -136,6 +163,7 @@ def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, 
             proc = api.kubectl("apply", "--server-side", "--dry-run=server", "--field-manager=gpuboot", "-f", "-",
                                stdin=yaml.safe_dump(planted), check=False)
             assert proc.returncode != 0 and "gpubootPlanted" in proc.stderr, (planted["kind"], proc.stderr)
+        print(f"{case}: {checked} objects; the real CRDs judged {sorted({d['kind'] for d in custom})}")
         return
     # A Calico pool outside kubeadm's podSubnet never reaches here: validation refuses it
     # (tests/unit/test_gpu_plan.py and the corpus); an unknown key never renders (the schema).
