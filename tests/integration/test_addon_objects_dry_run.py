@@ -23,6 +23,7 @@ import yaml
 from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
+from tests.doubles.network_operator.operator import NV_IPAM_CRD
 from tests.integration.test_double_schemas_vs_real_charts import source_tree
 from tests.support.addon_doubles import CHARTS
 
@@ -72,8 +73,9 @@ class ChartSource:
     def runtime_crds(self, name: str, version: str, release: str, policies: list[dict]) -> list[dict]:
         """The CRDs a real operator applies itself once its policy asks for a state (the
         Network Operator's nv-ipam IPPool: `manifests/state-nv-ipam-cni`, not its chart)."""
-        if self.kind == "double":
-            return []
+        if self.kind == "double":  # the double operator's own copy (tests/doubles/network_operator)
+            return [yaml.safe_load(crd.read_text()) for section, crd in DOUBLE_RUNTIME_CRDS.get(name, {}).items()
+                    if any(section in (policy.get("spec") or {}) for policy in policies)]
         _, git_dir, tag = source_tree(name, version, release)
         found = []
         for section, state in RUNTIME_STATES.get(name, {}).items():
@@ -91,6 +93,7 @@ class ChartSource:
 
 # chart -> {policy spec section: the operator's state directory whose CRDs it applies for it}
 RUNTIME_STATES = {"network-operator": {"nvIpam": "manifests/state-nv-ipam-cni"}}
+DOUBLE_RUNTIME_CRDS = {"network-operator": {"nvIpam": NV_IPAM_CRD}}
 
 
 def extract(git_dir: Path, tag: str, paths: list[str], into: Path) -> None:

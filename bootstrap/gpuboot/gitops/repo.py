@@ -75,6 +75,10 @@ KAI_SCHEDULER = "kai-scheduler"
 # would fail until they exist, so it skips it for those, and the sync retries until they do.
 WAITS_FOR_CRDS = {"syncOptions": ["SkipDryRunOnMissingResource=true"],
                   "retry": {"limit": -1, "backoff": {"duration": "10s", "factor": 2, "maxDuration": "3m"}}}
+# API groups whose CRDs an operator applies itself once it reconciles its policy, not with its
+# chart: an add-on holding such objects waits for them the same way (the Network Operator's
+# nv-ipam IPPool, from its state-nv-ipam-cni).
+OPERATOR_MADE_GROUPS = ("nv-ipam.nvidia.com/",)
 
 
 def dump(objects: list[dict]) -> str:
@@ -128,8 +132,10 @@ class Repository:
         self.add(Path("addons") / addon.name / "values.yaml", files["values.yaml"])
         namespace = next(doc["metadata"]["name"] for doc in yaml.safe_load_all(files["namespace.yaml"])
                          if doc and doc.get("kind") == "Namespace")
+        waits = any(str(doc.get("apiVersion", "")).startswith(OPERATOR_MADE_GROUPS)
+                    for name in objects for doc in yaml.safe_load_all(files[name]) if isinstance(doc, dict))
         self.applications.append(self.addon_application(addon.name, addon.chart, namespace, release=addon.release,
-                                                         adopted=True))
+                                                         adopted=True, waits_for_crds=waits))
 
     def without_tenant_namespaces(self, text: str) -> str:
         """An add-on's objects less the Namespaces of tenants: every object in the repository has
@@ -195,7 +201,8 @@ class Repository:
                  "type": "Opaque", "stringData": {"type": "helm", "url": url, "enableOCI": "true"}}
                 for url in oci]
 
-    def addon_application(self, name: str, chart_key: str, namespace: str, *, release: str, adopted: bool) -> dict:
+    def addon_application(self, name: str, chart_key: str, namespace: str, *, release: str, adopted: bool,
+                          waits_for_crds: bool = False) -> dict:
         """An add-on's chart, rendered by Argo CD from the mirror with the values in Git. `adopted`:
         `up` installed it on day 1 (the label tells a later `up` that Argo CD owns it now)."""
         directory = self.root / "addons" / name
@@ -205,7 +212,7 @@ class Repository:
         # operator's object is a person's decision.
         return self.application(f"addon-{name}", PLATFORM_PROJECT, namespace, release=release if adopted else None,
                                 sources=[*self.chart_sources(chart_key, release, directory / "values.yaml"), overlay],
-                                prune=False)
+                                prune=False, waits_for_crds=waits_for_crds)
 
     # -- tenants ------------------------------------------------------------------------
     def tenants(self) -> None:

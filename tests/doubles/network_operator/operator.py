@@ -18,6 +18,7 @@ double hardware (tests/doubles/hardware, the same tree preflight read):
   the lab mirror's CA is in no system store). A failed lookup knows no tag: a precompiled driver
   is then "not found" (forcePrecompiled: the policy is not ready, with the operator's message),
   else the build-on-node image is used; a found precompiled tag is used even when not forced;
+- nv-ipam's IPPool CRD, applied by the operator (not its chart) once the policy asks for nvIpam;
 - NicClusterPolicy status.state ready once every component DaemonSet is ready;
 - Multus' network-status on a pod that names a network gpuboot declared: an address from its
   IPPool, as Multus and nv-ipam would write it."""
@@ -31,6 +32,8 @@ import ssl
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 from tests.doubles.controller import DoubleController
 
 MODULE = Path(__file__).resolve().parents[3] / "roles" / "preflight" / "library" / "gpuboot_hardware_facts.py"
@@ -39,6 +42,9 @@ hw = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hw)
 
 NAMESPACE = "nvidia-network-operator"
+# The real operator applies nv-ipam's CRDs itself, from its state-nv-ipam-cni manifests, once the
+# NicClusterPolicy asks for nvIpam; its chart does not carry them (a real CRD's double).
+NV_IPAM_CRD = Path(__file__).resolve().parent / "nv-ipam.nvidia.com_ippools.yaml"
 OPERATOR = "network-operator"  # the chart's Deployment and container (named after the chart)
 NETWORKS = (("sriovnetworks.sriovnetwork.openshift.io", True), ("sriovibnetworks.sriovnetwork.openshift.io", True),
             ("macvlannetworks.mellanox.com", False), ("ipoibnetworks.mellanox.com", False))
@@ -184,6 +190,8 @@ class DoubleNetworkOperator(DoubleController):
         if policy is None:
             return None
         spec = policy["spec"]
+        if spec.get("nvIpam"):
+            self._apply([yaml.safe_load(NV_IPAM_CRD.read_text())])
         nodes = {n["metadata"]["name"]: n for n in self._items("nodes")}
         sriov = self._items("sriovnetworknodepolicies.sriovnetwork.openshift.io", "-n", NAMESPACE)
         objects = []
