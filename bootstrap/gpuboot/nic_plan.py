@@ -120,8 +120,10 @@ class NicPlan:
             found.append("rdmaSharedDevicePlugin")
         vf_groups = self.of_kind("sriov", "both")
         if vf_groups:
-            # The SR-IOV operator's CNI DaemonSet carries both the Ethernet and the IB plugin.
-            found += ["sriovOperator", "sriovConfigDaemon", "sriovDevicePlugin", "sriovCni", "ibSriovCni"]
+            # The SR-IOV config daemon's init containers copy every CNI plugin the chart names:
+            # Ethernet and IB SR-IOV, OVS and RDMA (sriov-network-operator's daemon manifest).
+            found += ["sriovOperator", "sriovConfigDaemon", "sriovDevicePlugin", "sriovCni", "ibSriovCni",
+                      "ovsCni", "rdmaCni"]
         networks = self.networks()
         if networks:
             found += ["multus", "cniPlugins", "nvIpam"]

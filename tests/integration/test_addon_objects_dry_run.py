@@ -23,6 +23,7 @@ import yaml
 from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
+from gpuboot.mirror.plan import Target, build
 from tests.doubles.network_operator.operator import NV_IPAM_CRD
 from tests.integration.test_double_schemas_vs_real_charts import source_tree
 from tests.support.addon_doubles import CHARTS
@@ -96,6 +97,53 @@ RUNTIME_STATES = {"network-operator": {"nvIpam": "manifests/state-nv-ipam-cni"}}
 DOUBLE_RUNTIME_CRDS = {"network-operator": {"nvIpam": NV_IPAM_CRD}}
 
 
+# Images an operator's Deployment names for a feature gpuboot leaves off: (kind, field of the
+# rendered object that turns it on). The SR-IOV operator deploys the webhook, the resources
+# injector, the metrics exporter and the DRA driver only when its SriovOperatorConfig says so.
+IMAGES_FOR_FEATURES = {
+    "SRIOV_NETWORK_WEBHOOK_IMAGE": ("SriovOperatorConfig", ("spec", "enableOperatorWebhook")),
+    "NETWORK_RESOURCES_INJECTOR_IMAGE": ("SriovOperatorConfig", ("spec", "enableInjector")),
+    "METRICS_EXPORTER_IMAGE": ("SriovOperatorConfig", ("spec", "featureGates", "metricsExporter")),
+    "METRICS_EXPORTER_KUBE_RBAC_PROXY_IMAGE": ("SriovOperatorConfig", ("spec", "featureGates", "metricsExporter")),
+    "SRIOV_DRA_DRIVER_IMAGE": ("SriovOperatorConfig", ("spec", "featureGates", "dynamicResourceAllocation")),
+}
+WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob", "Pod")
+
+
+def images_named(objects: list[dict]) -> dict[str, str]:
+    """image -> where: every container image of the workloads, and every image an operator is
+    told through an *_IMAGE variable (it deploys those itself)."""
+    found: dict[str, str] = {}
+
+    def walk(node, owner: str) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("image"), str) and node.get("name"):
+                found[node["image"]] = f"{owner} container {node['name']}"
+            if str(node.get("name", "")).endswith("_IMAGE") and node.get("value"):
+                found[str(node["value"])] = f"{owner} env {node['name']}"
+            for value in node.values():
+                walk(value, owner)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, owner)
+
+    for obj in objects:
+        if obj.get("kind") in WORKLOADS:
+            walk(obj.get("spec"), f"{obj['kind']} {obj['metadata']['name']}")
+    return found
+
+
+def left_off(objects: list[dict], variable: str) -> bool:
+    kind, path = IMAGES_FOR_FEATURES[variable]
+    for obj in objects:
+        if obj.get("kind") == kind:
+            value = obj
+            for key in path:
+                value = (value or {}).get(key) if isinstance(value, dict) else None
+            return not value
+    return True  # no such object: nothing turns the feature on
+
+
 def extract(git_dir: Path, tag: str, paths: list[str], into: Path) -> None:
     archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", tag, *paths], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
@@ -123,7 +171,7 @@ def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, 
     kube_version = release.kubernetes.version
     first = cluster.first_control_plane
     addons = tmp_path / first / "etc" / "gpuboot" / "addons"
-    checked, custom = 0, []
+    checked, custom, named = 0, [], {}
     for name, (chart, namespace, before, after) in ADDONS.items():
         directory = addons / name
         if not directory.is_dir():
@@ -150,6 +198,10 @@ def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, 
             if (directory / file).is_file():
                 documents += [d for d in yaml.safe_load_all((directory / file).read_text()) if d]
         documents += [o for o in objects if o["kind"] != "CustomResourceDefinition"]
+        for image, where in images_named(objects).items():
+            variable = where.rsplit(" ", 1)[-1]
+            if variable not in IMAGES_FOR_FEATURES or not left_off(objects, variable):
+                named[image] = f"{name}: {where}"
         kinds = {crd["spec"]["names"]["kind"] for crd in crds}
         custom += [d for d in documents if d["kind"] in kinds and isinstance(d.get("spec"), dict)]
         for document in documents:
@@ -166,7 +218,13 @@ def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, 
             proc = api.kubectl("apply", "--server-side", "--dry-run=server", "--field-manager=gpuboot", "-f", "-",
                                stdin=yaml.safe_dump(planted), check=False)
             assert proc.returncode != 0 and "gpubootPlanted" in proc.stderr, (planted["kind"], proc.stderr)
-        print(f"{case}: {checked} objects; the real CRDs judged {sorted({d['kind'] for d in custom})}")
+        # Every image the real charts run or hand to their operators is one the mirror holds: in
+        # an air gap a missing one is an ImagePullBackOff on the customer's nodes.
+        planned = {str(image.ref) for image in build(release, Target.of(cluster, release)).images}
+        missing = sorted(f"{image} ({where})" for image, where in named.items() if image not in planned)
+        assert not missing, f"{case}: the real charts name images the mirror plan lacks: {missing}"
+        print(f"{case}: {checked} objects; the real CRDs judged {sorted({d['kind'] for d in custom})}; "
+              f"{len(named)} images named, all planned")
         return
     # A Calico pool outside kubeadm's podSubnet never reaches here: validation refuses it
     # (tests/unit/test_gpu_plan.py and the corpus); an unknown key never renders (the schema).

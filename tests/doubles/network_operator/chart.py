@@ -82,7 +82,9 @@ def deployed_images(values: dict, spec: dict, nodes: dict[str, dict], mirror: st
         images.add(_split(init))
     if (values.get("sriovNetworkOperator") or {}).get("enabled"):
         sriov = values["sriov-network-operator"]["images"]
-        images |= {sriov[k] for k in ("operator", "sriovConfigDaemon", "sriovDevicePlugin", "sriovCni", "ibSriovCni")}
+        # The config daemon's init containers: one per CNI plugin image the chart names.
+        images |= {sriov[k] for k in ("operator", "sriovConfigDaemon", "sriovDevicePlugin", "sriovCni", "ibSriovCni",
+                                      "ovsCni", "rdmaCni") if sriov.get(k)}
     if spec.get("rdmaSharedDevicePlugin"):
         images.add(_split(spec["rdmaSharedDevicePlugin"]))
     for section in ("multus", "cniPlugins", "ipoib"):
