@@ -47,7 +47,7 @@ import time
 import uuid
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuboot_kube import Kube, KubeError, pod_problem, pod_ready
+from ansible.module_utils.gpuboot_kube import Kube, KubeError, operand_of, pod_problem, pod_ready
 
 RUN_LABEL = "gpuboot.io/validate"
 
@@ -130,7 +130,7 @@ def check_operator(kube, namespace, gpu_nodes):
     present = {}
     for pod in pods:
         node = pod["spec"].get("nodeName", "(not scheduled)")
-        app = pod["metadata"].get("labels", {}).get("app", pod["metadata"]["name"])
+        app = operand_of(pod)
         present.setdefault(node, []).append(app)
         if gpu_nodes and node not in gpu_nodes and node != "(not scheduled)":
             continue
@@ -140,7 +140,8 @@ def check_operator(kube, namespace, gpu_nodes):
                             f"{pod['metadata']['name']}: {pod_problem(pod)}"))
     for node, want in sorted(gpu_nodes.items()):
         for operand in want.get("operands") or []:
-            # A driver DaemonSet per kernel and OS is named (and labelled) with a suffix.
+            # A driver DaemonSet per kernel is named with a suffix, an NVIDIADriver's otherwise
+            # (operand_of counts every one of them as the driver).
             if not any(app == operand or app.startswith(operand + "-") for app in present.get(node, [])):
                 rows.append(row(node, f"operand {operand}", "a Ready pod", "no pod", False,
                                 f"the GPU Operator runs no {operand} pod on the node; check its labels "

@@ -26,22 +26,11 @@ options:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuboot_kube import Kube, pod_problem, pod_ready
+from ansible.module_utils.gpuboot_kube import Kube, is_driver_pod, pod_problem, pod_ready
 
 STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
 SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
 DONE, FAILED = "upgrade-done", "upgrade-failed"
-# How the operator labels its driver pods: the ClusterPolicy's DaemonSets (app=nvidia-driver-
-# daemonset) and NVIDIADriver objects' (app.kubernetes.io/component=nvidia-driver).
-DRIVER_APPS = ("nvidia-driver-daemonset", "nvidia-gpu-driver")
-
-
-def is_driver_pod(pod):
-    labels = pod["metadata"].get("labels") or {}
-    return labels.get("app.kubernetes.io/component") == "nvidia-driver" or \
-        str(labels.get("app", "")).startswith(DRIVER_APPS)
-
-
 def driver_tag(pod):
     image = next((c["image"] for c in pod["spec"]["containers"]), "")
     last = image.split("@", 1)[0].rsplit("/", 1)[-1]

@@ -1,5 +1,6 @@
-"""What gpuboot's cluster modules share: kubectl through one kubeconfig, and the words a pod or
-node gives for not being ready. Read by gpuboot_cluster_check and gpuboot_upgrade_check."""
+"""What gpuboot's cluster modules share: kubectl through one kubeconfig, the words a pod or node
+gives for not being ready, and which GPU Operator operand a pod is. Read by
+gpuboot_cluster_check, gpuboot_upgrade_check and gpuboot_driver_upgrade."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,27 @@ import subprocess
 # kubeadm's etcd client certificate on a control plane, as its etcd pod mounts it.
 ETCD_CERTS = ("--cacert=/etc/kubernetes/pki/etcd/ca.crt", "--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt",
               "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key")
+
+
+# The GPU Operator's driver pods: its ClusterPolicy's DaemonSets (app nvidia-driver-daemonset,
+# with a suffix per kernel when precompiled) and an NVIDIADriver object's (app
+# nvidia-<driverType>-driver-<os>-<hash>, both with app.kubernetes.io/component nvidia-driver).
+DRIVER_OPERAND = "nvidia-driver-daemonset"
+DRIVER_APPS = (DRIVER_OPERAND, "nvidia-gpu-driver")
+
+
+def is_driver_pod(pod):
+    labels = pod["metadata"].get("labels") or {}
+    return labels.get("app.kubernetes.io/component") == "nvidia-driver" or \
+        str(labels.get("app", "")).startswith(DRIVER_APPS)
+
+
+def operand_of(pod):
+    """The operand a GPU Operator pod runs, by the app label the operator gives its DaemonSet
+    (every driver pod counts as nvidia-driver-daemonset, whichever object made it)."""
+    if is_driver_pod(pod):
+        return DRIVER_OPERAND
+    return (pod["metadata"].get("labels") or {}).get("app", pod["metadata"]["name"])
 
 
 class KubeError(RuntimeError):

@@ -119,6 +119,20 @@ def test_a_gpu_node_without_a_pod_of_an_expected_operand_fails():
     assert "kubectl get node gpu2 --show-labels" in next(r for r in rows if r["node"] == "gpu2")["reason"]
 
 
+def test_a_driver_pod_of_an_nvidia_driver_object_counts_as_the_nodes_driver():
+    """With NVIDIADriver objects (mixed driver kinds) the operator names each driver DaemonSet
+    nvidia-<driverType>-driver-<os>-<hash> (internal/state/driver.go, getDriverAppName) and
+    labels its pods app.kubernetes.io/component=nvidia-driver: that is the node's driver."""
+    made = ready_pod("nvidia-gpu-driver-ubuntu22.04-7c6d7bd86b-x", "nvidia-gpu-driver-ubuntu22.04-7c6d7bd86b", "gpu1")
+    made["metadata"]["labels"]["app.kubernetes.io/component"] = "nvidia-driver"
+    other = ready_pod("nvidia-vgpu-manager-daemonset-y", "nvidia-vgpu-manager-daemonset", "gpu2")
+    kube = FakeKube({("clusterpolicies.nvidia.com", "cluster-policy"): {"status": {"state": "ready"}},
+                     ("pods", "-n", "gpu-operator"): {"items": [made, other]}})
+    want = {"operands": ["nvidia-driver-daemonset"]}
+    rows = check.check_operator(kube, "gpu-operator", {"gpu1": want, "gpu2": want})
+    assert [(r["node"], r["check"]) for r in rows if not r["ok"]] == [("gpu2", "operand nvidia-driver-daemonset")]
+
+
 def test_the_expected_operands_follow_the_driver_kind_and_mig():
     from gpuboot.gpu_plan import NodeGpu
     whole = NodeGpu("g1", None, 8, "precompiled", None, None, (), None)
