@@ -1,0 +1,221 @@
+"""NVIDIA's real GPU Operator reconciles gpuboot's configuration (issue 29, points 3 and 4): the
+controller built from its source tree at the tag the release pins (vendored, as
+`GpuKit.build_tool` builds from a tree), its operand manifests from the same tag mounted where
+it reads them (/opt/gpu-operator, in a mount namespace of its own), run against a real API
+server (its own here: it labels Nodes). gpuboot's values are rendered through the real chart;
+the ClusterPolicy, gpuboot's ConfigMaps, node labels and NVIDIADriver objects are applied as the
+phase applies them; one Node per GPU node of the inventory carries the labels NFD would give it
+(the PCI vendor, the OS release, the kernel).
+
+What the operator then deploys is held against gpuboot:
+- every image of every operand DaemonSet (init containers included) is in the mirror plan, and
+  every image the plan lists for the operator's operands is deployed: the plan is what NVIDIA's
+  controller asks for, per OS and kernel, not what a double of it was written to ask for;
+- every driver DaemonSet, the ClusterPolicy's or an NVIDIADriver's, is counted as the driver by
+  validate's gate (operand_of in playbooks/module_utils/gpuboot_kube.py).
+
+No kubelet runs here, so no operand pod exists: readiness, the device plugin and the driver
+upgrade's walk are the lab's (with doubles) and the real GPU's. Skipped, naming what to bring,
+without the source tree, root or unshare."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuboot import gpu_plan, matrix
+from gpuboot.cli.main import run
+from gpuboot.config.loader import load_cluster
+from gpuboot.mirror.plan import Target, build
+from gpuboot_lab.gpu_kit import GoTool, GpuKit, go_version
+from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
+from tests.integration.test_addon_objects_dry_run import ChartSource, helm_template
+from tests.integration.test_double_schemas_vs_real_charts import source_tree
+from tests.support.apiserver import ETCD, ApiServer
+from tests.support.modules import load_module
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = {"sample": ROOT / "inventories" / "sample" / "inventory.yml",
+         **{name: ROOT / "tests" / "corpus" / "gpu" / name / "inventory.yml"
+            for name in ("mixed_drivers", "mig_mixed", "preinstalled")}}
+NAMESPACE = "gpu-operator"
+# What the plan lists for the operator's component that the operator itself never deploys: the
+# chart runs NFD, and validate's smoke Job is gpuboot's. (The operator's own image is also its
+# validator's, which it deploys.)
+NOT_DEPLOYED_BY_IT = ("nfd", "smokeTest")
+# The operator's assets and manifests, as its Dockerfile lays them out under /opt/gpu-operator.
+ASSETS = (("assets", ""), ("manifests", "manifests"))
+SETTLE_S = 45  # it reconciles every few seconds; a driver DaemonSet per kernel can come and go
+
+
+def nfd_labels(os_id: str, kernel: str) -> dict[str, str]:
+    """What NFD would label a GPU node with: the PCI vendor, the OS release, the kernel."""
+    distro, _, version = os_id.partition("-")
+    return {"feature.node.kubernetes.io/pci-10de.present": "true",
+            "feature.node.kubernetes.io/system-os_release.ID": distro,
+            "feature.node.kubernetes.io/system-os_release.VERSION_ID": version,
+            "feature.node.kubernetes.io/kernel-version.full": kernel}
+
+
+@pytest.fixture(scope="module")
+def operator_binary() -> tuple[Path, str, Path]:
+    """(gpu-operator binary, tag, git directory) for the lab's release."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("the operator reads /opt/gpu-operator: it runs in a mount namespace, as root with unshare")
+    release = matrix.load("k8s-1.36")
+    version = str(release.model_extra["gpu_operator"]["chart"]["version"])
+    _, git_dir, tag = source_tree("gpu-operator", version, release.name)
+    tool = GoTool("gpu-operator", "github.com/NVIDIA/gpu-operator", tag, "cmd/gpu-operator",
+                  source="NVIDIA/gpu-operator", version_var="github.com/NVIDIA/gpu-operator/internal/info.version")
+    return GpuKit(log=print).build_tool(tool, go_version()), tag, git_dir
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    """An API server of this module's own: the operator labels the Nodes made here."""
+    if shutil.which(ETCD) is None or shutil.which("go") is None:
+        pytest.fail("etcd and go are needed (bootstrap/setup.sh installs etcd-server; Go 1.24 or newer on PATH)")
+    newest = sorted(matrix_versions(), key=lambda v: tuple(int(p) for p in v.lstrip("v").split(".")))[-1]
+    built = KubernetesBuild(log=lambda m: None).build(newest)
+    server = ApiServer(tmp_path_factory.mktemp("operator-api"), built.bin_dir).start()
+    yield server
+    server.stop()
+
+
+def assets(git_dir: Path, tag: str, into: Path) -> Path:
+    for source, target in ASSETS:
+        (into / target).mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", tag, source], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(into / target), "--strip-components=1"], input=archive.stdout, check=True)
+    return into
+
+
+def gpu_nodes(inventory: Path) -> dict[str, dict[str, str]]:
+    """Each GPU node and the labels NFD would give it; the kernels the inventory names are spread
+    over the nodes so that each is some node's."""
+    cluster = load_cluster(inventory)
+    settings = cluster.settings
+    release = matrix.load(settings.release)
+    resolved = gpu_plan.resolve(settings, release, cluster.nodes)
+    found, kernels = {}, list(settings.node_os.kernels if settings.node_os else [])
+    names = sorted(resolved.nodes)
+    # More kernels than GPU nodes: another node of the first's kind for each kernel left.
+    for index in range(max(len(names), len(kernels))):
+        name = names[index] if index < len(names) else f"{names[0]}-k{index}"
+        node = next(n for n in cluster.cluster_nodes if n.name == names[min(index, len(names) - 1)])
+        os_id = node.settings.os or settings.node_os.id
+        kernel = node.settings.kernel or kernels[index % len(kernels)]
+        found[name] = nfd_labels(os_id, kernel)
+    return found
+
+
+def chart_env(objects: list[dict]) -> dict[str, str]:
+    """The environment the real chart gives the operator's container (the driver manager's and
+    the validator's images among it), as its Deployment would run it."""
+    deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpu-operator")
+    container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "gpu-operator")
+    return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+
+
+def deployed_images(api: ApiServer, seconds: float) -> tuple[dict[str, set[str]], list[dict]]:
+    """image -> where, over `seconds` of reconciling, and every DaemonSet seen. (With no kubelet
+    a precompiled driver's DaemonSet schedules nothing, so the operator deletes it as unused
+    and makes it again: it is seen now and then, not always.)"""
+    seen: dict[str, set[str]] = {}
+    daemonsets: dict[str, dict] = {}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        proc = api.kubectl("get", "daemonsets", "-n", NAMESPACE, "-o", "json", check=False)
+        if proc.returncode == 0:
+            for ds in json.loads(proc.stdout)["items"]:
+                daemonsets[ds["metadata"]["name"]] = ds
+                spec = ds["spec"]["template"]["spec"]
+                for container in spec.get("initContainers", []) + spec["containers"]:
+                    seen.setdefault(container["image"], set()).add(f"{ds['metadata']['name']}/{container['name']}")
+        time.sleep(3)
+    return seen, list(daemonsets.values())
+
+
+@pytest.fixture(scope="module")
+def mount_point():
+    """/opt/gpu-operator to bind the assets on, in the operator's own mount namespace; removed
+    afterwards when this module made it."""
+    path = Path("/opt/gpu-operator")
+    made = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    yield path
+    if made and not any(path.iterdir()):
+        path.rmdir()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_binary, mount_point, api, helm, tmp_path):
+    binary, tag, git_dir = operator_binary
+    inventory = CASES[case]
+    cluster = load_cluster(inventory)
+    release = matrix.load(cluster.settings.release)
+    assert run(["render", str(inventory), "--out", str(tmp_path / "render")]) == 0
+    addon = tmp_path / "render" / cluster.first_control_plane / "etc" / "gpuboot" / "addons" / "gpu-operator"
+    pinned = release.model_extra["gpu_operator"]["chart"]
+    chart = ChartSource("real", tmp_path / "charts").chart("gpu-operator", str(pinned["version"]), release.name)
+    objects = helm_template(helm, chart, "gpu-operator", NAMESPACE, release.kubernetes.version,
+                            (addon / "values.yaml").read_text())
+    crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
+    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(crds))
+    for crd in crds:
+        api.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
+    # A clean slate per case: the operator's DaemonSets, the policies and the Nodes of the last one.
+    api.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s")
+    api.kubectl("delete", "clusterpolicies.nvidia.com,nvidiadrivers.nvidia.com,nodes", "--all", "--wait=true")
+    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / "namespace.yaml"))
+    for name, labels in gpu_nodes(inventory).items():
+        node = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                                      "kubernetes.io/arch": "amd64", **labels}}}
+        api.kubectl("apply", "--server-side", "--field-manager=nfd", "-f", "-", stdin=json.dumps(node))
+    for file in ("device-plugin-config.yaml", "mig-parted-config.yaml", "node-labels.yaml", "nvidia-drivers.yaml"):
+        if (addon / file).is_file():
+            api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / file))
+    policy = [o for o in objects if o["kind"] == "ClusterPolicy"]
+    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(policy))
+
+    opt = assets(git_dir, tag, tmp_path / "opt-gpu-operator")
+    log = tmp_path / "operator.log"
+    with log.open("w") as out:
+        operator = subprocess.Popen(
+            ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /opt/gpu-operator && shift && exec "$@"', str(opt),
+             "x", str(binary), "-kubeconfig", str(api.kubeconfig), "-metrics-bind-address", "127.0.0.1:0",
+             "-health-probe-bind-address", "127.0.0.1:0"],
+            env=dict(os.environ, **chart_env(objects), OPERATOR_NAMESPACE=NAMESPACE), stdout=out,
+            stderr=subprocess.STDOUT)
+        try:
+            seen, daemonsets = deployed_images(api, SETTLE_S)
+        finally:
+            operator.terminate()
+            operator.wait(30)
+    assert seen, f"{case}: the operator deployed nothing in {SETTLE_S} s; see {log}:\n{log.read_text()[-3000:]}"
+
+    plan = build(release, Target.of(cluster, release)).only({"gpu_operator"})
+    planned = {str(image.ref) for image in plan.images}
+    operands = planned - {release.images["gpu_operator"][key] for key in NOT_DEPLOYED_BY_IT}
+    unplanned = sorted(f"{image} ({', '.join(sorted(where))})" for image, where in seen.items() if image not in planned)
+    assert not unplanned, f"{case}: NVIDIA's operator deploys images the mirror plan lacks: {unplanned}"
+    never = sorted(operands - set(seen))
+    assert not never, f"{case}: the plan lists operand images the operator never deployed: {never}"
+
+    check = load_module("gpuboot_cluster_check")
+    drivers = [ds for ds in daemonsets
+               if ds["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "nvidia-driver"]
+    for ds in drivers:
+        pod = {"metadata": {"name": ds["metadata"]["name"] + "-x", "labels": ds["spec"]["template"]["metadata"]["labels"]}}
+        assert check.operand_of(pod) == "nvidia-driver-daemonset", ds["metadata"]["name"]
+    print(f"{case}: {len(daemonsets)} DaemonSets, {len(seen)} images, all planned; "
+          f"drivers: {sorted(ds['metadata']['name'] for ds in drivers)}")
