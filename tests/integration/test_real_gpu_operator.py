@@ -12,7 +12,9 @@ What the operator then deploys is held against gpuboot:
   every image the plan lists for the operator's operands is deployed: the plan is what NVIDIA's
   controller asks for, per OS and kernel, not what a double of it was written to ask for;
 - every driver DaemonSet, the ClusterPolicy's or an NVIDIADriver's, is counted as the driver by
-  validate's gate (operand_of in playbooks/module_utils/gpuboot_kube.py).
+  validate's gate (operand_of in playbooks/module_utils/gpuboot_kube.py);
+- every operand the gate demands of a GPU node is a DaemonSet whose node selector the node, as
+  the operator labelled it, satisfies.
 
 No kubelet runs here, so no operand pod exists: readiness, the device plugin and the driver
 upgrade's walk are the lab's (with doubles) and the real GPU's. Skipped, naming what to bring,
@@ -98,9 +100,18 @@ def assets(git_dir: Path, tag: str, into: Path) -> Path:
     return into
 
 
+def gfd_labels(node_gpu) -> dict[str, str]:
+    """What GPU Feature Discovery would add (the operator deploys the MIG manager where GFD says
+    the GPU is MIG-capable): the labels validate expects of the node, and mig.capable."""
+    labels = dict(node_gpu.gfd_labels())
+    if node_gpu.model is not None:
+        labels["nvidia.com/mig.capable"] = "true" if node_gpu.model.mig is not None else "false"
+    return labels
+
+
 def gpu_nodes(inventory: Path) -> dict[str, dict[str, str]]:
-    """Each GPU node and the labels NFD would give it; the kernels the inventory names are spread
-    over the nodes so that each is some node's."""
+    """Each GPU node and the labels NFD and GFD would give it; the kernels the inventory names
+    are spread over the nodes so that each is some node's."""
     cluster = load_cluster(inventory)
     settings = cluster.settings
     release = matrix.load(settings.release)
@@ -110,10 +121,11 @@ def gpu_nodes(inventory: Path) -> dict[str, dict[str, str]]:
     # More kernels than GPU nodes: another node of the first's kind for each kernel left.
     for index in range(max(len(names), len(kernels))):
         name = names[index] if index < len(names) else f"{names[0]}-k{index}"
-        node = next(n for n in cluster.cluster_nodes if n.name == names[min(index, len(names) - 1)])
+        like = names[min(index, len(names) - 1)]
+        node = next(n for n in cluster.cluster_nodes if n.name == like)
         os_id = node.settings.os or settings.node_os.id
         kernel = node.settings.kernel or kernels[index % len(kernels)]
-        found[name] = nfd_labels(os_id, kernel)
+        found[name] = {**nfd_labels(os_id, kernel), **gfd_labels(resolved.nodes[like])}
     return found
 
 
@@ -217,5 +229,18 @@ def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_bin
     for ds in drivers:
         pod = {"metadata": {"name": ds["metadata"]["name"] + "-x", "labels": ds["spec"]["template"]["metadata"]["labels"]}}
         assert check.operand_of(pod) == "nvidia-driver-daemonset", ds["metadata"]["name"]
+    # What the gate demands of each GPU node is a DaemonSet of the operator's that selects it.
+    nodes = {n["metadata"]["name"]: n["metadata"].get("labels") or {}
+             for n in json.loads(api.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
+    resolved = gpu_plan.resolve(cluster.settings, release, cluster.nodes)
+    for name, node_gpu in sorted(resolved.nodes.items()):
+        selecting = {check.operand_of({"metadata": {"name": ds["metadata"]["name"],
+                                                    "labels": ds["spec"]["template"]["metadata"]["labels"]}})
+                     for ds in daemonsets
+                     if all(nodes[name].get(k) == v for k, v in (ds["spec"]["template"]["spec"].get("nodeSelector")
+                                                                   or {}).items())}
+        short = [app for app in node_gpu.operand_apps()
+                 if not any(app == got or got.startswith(app + "-") for got in selecting)]
+        assert not short, f"{case}: the gate demands {short} on {name}, which no DaemonSet of the operator selects"
     print(f"{case}: {len(daemonsets)} DaemonSets, {len(seen)} images, all planned; "
           f"drivers: {sorted(ds['metadata']['name'] for ds in drivers)}")
