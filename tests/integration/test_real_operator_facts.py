@@ -19,21 +19,10 @@ import yaml
 
 from gpuboot import gpus, matrix
 from gpuboot.gpu_plan import NodeGpu
-from tests.integration.test_double_schemas_vs_real_charts import git, show, source_tree
+from tests.integration.test_double_schemas_vs_real_charts import git, releases_of, show, source_tree
 from tests.support.modules import load_module
 
 pytestmark = pytest.mark.slow
-
-
-def pinned(component: str, key: str = "chart") -> list[tuple[str, str]]:
-    """(version, first release pinning it) for each distinct version of a component."""
-    seen: dict[str, str] = {}
-    for name in matrix.available():
-        body = (matrix.load(name).model_extra or {}).get(component) or {}
-        version = (body.get(key) or {}).get("version")
-        if version:
-            seen.setdefault(str(version), name)
-    return sorted(seen.items())
 
 
 def device_plugin_versions() -> list[tuple[str, str]]:
@@ -45,7 +34,8 @@ def device_plugin_versions() -> list[tuple[str, str]]:
     return sorted(seen.items())
 
 
-GPU_OPERATOR = pinned("gpu_operator")
+# (version, first release pinning it) of the GPU Operator chart, as the schema test lists them.
+GPU_OPERATOR = releases_of("gpu-operator")
 
 
 def every_operand_app() -> set[str]:
