@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuboot import gpu_plan, matrix
+from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
 from gpuboot.mirror.plan import Target, build
@@ -109,13 +109,11 @@ def gfd_labels(node_gpu) -> dict[str, str]:
     return labels
 
 
-def gpu_nodes(inventory: Path) -> dict[str, dict[str, str]]:
+def gpu_nodes(cluster) -> dict[str, dict[str, str]]:
     """Each GPU node and the labels NFD and GFD would give it; the kernels the inventory names
     are spread over the nodes so that each is some node's."""
-    cluster = load_cluster(inventory)
     settings = cluster.settings
-    release = matrix.load(settings.release)
-    resolved = gpu_plan.resolve(settings, release, cluster.nodes)
+    resolved = cluster.gpu_plan
     found, kernels = {}, list(settings.node_os.kernels if settings.node_os else [])
     names = sorted(resolved.nodes)
     # More kernels than GPU nodes: another node of the first's kind for each kernel left.
@@ -188,7 +186,7 @@ def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_bin
     api.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s")
     api.kubectl("delete", "clusterpolicies.nvidia.com,nvidiadrivers.nvidia.com,nodes", "--all", "--wait=true")
     api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / "namespace.yaml"))
-    for name, labels in gpu_nodes(inventory).items():
+    for name, labels in gpu_nodes(cluster).items():
         node = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
                                                       "kubernetes.io/arch": "amd64", **labels}}}
@@ -232,8 +230,7 @@ def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_bin
     # What the gate demands of each GPU node is a DaemonSet of the operator's that selects it.
     nodes = {n["metadata"]["name"]: n["metadata"].get("labels") or {}
              for n in json.loads(api.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
-    resolved = gpu_plan.resolve(cluster.settings, release, cluster.nodes)
-    for name, node_gpu in sorted(resolved.nodes.items()):
+    for name, node_gpu in sorted(cluster.gpu_plan.nodes.items()):
         selecting = {check.operand_of({"metadata": {"name": ds["metadata"]["name"],
                                                     "labels": ds["spec"]["template"]["metadata"]["labels"]}})
                      for ds in daemonsets
