@@ -27,6 +27,7 @@ from gpuboot.mirror.plan import Target, build
 from tests.doubles.network_operator.operator import NV_IPAM_CRD
 from tests.integration.test_double_schemas_vs_real_charts import source_tree
 from tests.support.addon_doubles import CHARTS
+from tests.support.apiserver import ApiServer
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -97,15 +98,20 @@ RUNTIME_STATES = {"network-operator": {"nvIpam": "manifests/state-nv-ipam-cni"}}
 DOUBLE_RUNTIME_CRDS = {"network-operator": {"nvIpam": NV_IPAM_CRD}}
 
 
-# Images an operator's Deployment names for a feature gpuboot leaves off: (kind, field of the
-# rendered object that turns it on). The SR-IOV operator deploys the webhook, the resources
-# injector, the metrics exporter and the DRA driver only when its SriovOperatorConfig says so.
+# Images an operator's Deployment names for a feature gpuboot leaves off: (kind, the fields of
+# the rendered object any of which turns it on, each with the operator's default when absent). The SR-IOV operator deploys the webhook, the
+# resources injector, the metrics exporter and the DRA driver only when its SriovOperatorConfig
+# says so. The GPU Operator runs k8s-driver-manager only as the init container of the pods
+# that load a driver: its own driver, the vGPU manager and the VFIO manager (sandbox
+# workloads); on hosts with a preinstalled driver none of them runs.
 IMAGES_FOR_FEATURES = {
-    "SRIOV_NETWORK_WEBHOOK_IMAGE": ("SriovOperatorConfig", ("spec", "enableOperatorWebhook")),
-    "NETWORK_RESOURCES_INJECTOR_IMAGE": ("SriovOperatorConfig", ("spec", "enableInjector")),
-    "METRICS_EXPORTER_IMAGE": ("SriovOperatorConfig", ("spec", "featureGates", "metricsExporter")),
-    "METRICS_EXPORTER_KUBE_RBAC_PROXY_IMAGE": ("SriovOperatorConfig", ("spec", "featureGates", "metricsExporter")),
-    "SRIOV_DRA_DRIVER_IMAGE": ("SriovOperatorConfig", ("spec", "featureGates", "dynamicResourceAllocation")),
+    "SRIOV_NETWORK_WEBHOOK_IMAGE": ("SriovOperatorConfig", ((("spec", "enableOperatorWebhook"), False),)),
+    "NETWORK_RESOURCES_INJECTOR_IMAGE": ("SriovOperatorConfig", ((("spec", "enableInjector"), False),)),
+    "METRICS_EXPORTER_IMAGE": ("SriovOperatorConfig", ((("spec", "featureGates", "metricsExporter"), False),)),
+    "METRICS_EXPORTER_KUBE_RBAC_PROXY_IMAGE": ("SriovOperatorConfig", ((("spec", "featureGates", "metricsExporter"), False),)),
+    "SRIOV_DRA_DRIVER_IMAGE": ("SriovOperatorConfig", ((("spec", "featureGates", "dynamicResourceAllocation"), False),)),
+    "DRIVER_MANAGER_IMAGE": ("ClusterPolicy", ((("spec", "driver", "enabled"), True),
+                                             (("spec", "sandboxWorkloads", "enabled"), False))),
 }
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob", "Pod")
 
@@ -134,19 +140,35 @@ def images_named(objects: list[dict]) -> dict[str, str]:
 
 
 def left_off(objects: list[dict], variable: str) -> bool:
-    kind, path = IMAGES_FOR_FEATURES[variable]
+    kind, paths = IMAGES_FOR_FEATURES[variable]
     for obj in objects:
         if obj.get("kind") == kind:
-            value = obj
-            for key in path:
-                value = (value or {}).get(key) if isinstance(value, dict) else None
-            return not value
+            return not any(field(obj, path, default) for path, default in paths)
     return True  # no such object: nothing turns the feature on
+
+
+def field(obj: dict, path: tuple[str, ...], default: bool):
+    value = obj
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return default
+        value = value[key]
+    return value
 
 
 def extract(git_dir: Path, tag: str, paths: list[str], into: Path) -> None:
     archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", tag, *paths], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+
+
+@pytest.fixture(scope="module")
+def api(api, tmp_path_factory):
+    """An API server of this module's own: the real charts' CRDs it installs differ from the
+    doubles' that other modules apply to the session's server, and CRDs are cluster-wide, so
+    sharing would make a module's result depend on which ran first."""
+    server = ApiServer(tmp_path_factory.mktemp("api-dry-run"), api.bin_dir).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module", params=["double", "real"])
