@@ -196,6 +196,28 @@ def lab_kubernetes_bundle(app: App, version: str | None, inventory: str, out: st
         app.console.print(f"[yellow]not built[/]: {item}")
 
 
+@lab.group("operators")
+def lab_operators() -> None:
+    """NVIDIA's operators built from their sources at the release's versions, as images under
+    the names their charts give them (the source trees are inputs on this machine)."""
+
+
+@lab_operators.command("bundle")
+@click.option("--release", "release", default=LAB_RELEASE, show_default=True)
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
+@pass_app
+def lab_operators_bundle(app: App, release: str, out: str) -> None:
+    """Build the operators' images into a bundle, for `gpuboot mirror push` or `gpuboot lab mirror`."""
+    from gpuboot import matrix
+    from gpuboot.mirror.bundle import Bundle
+    from gpuboot_lab.operators import OperatorBuild, images
+    chosen = matrix.load(release)
+    bundle = Bundle(Path(out))
+    built = images(bundle, chosen, OperatorBuild(log=lambda msg: app.console.print(f"[dim]{msg}[/]")))
+    bundle.write_manifest(f"{chosen.name}-operators", built)
+    app.console.print(f"[green]bundle {out}[/]: {', '.join(a.ref for a in built)}")
+
+
 @lab.group("gpu-kit")
 def lab_gpu_kit() -> None:
     """What tests/gpu/run.sh carries to a GPU machine: containerd 2, runc, crictl, the NVIDIA

@@ -1,0 +1,228 @@
+"""NVIDIA's operators for the lab, built from their sources at the versions the release pins, as
+images under the names the release matrix (and so the real chart) gives them: the lab's cluster
+then runs the real controllers, not doubles of them.
+
+- The GPU Operator from its repository's tree at the tag (`vendor/`: the module proxy refuses
+  the module itself), with the files its Dockerfile copies (the operand manifests it reads at
+  run time under /opt/gpu-operator, the CRDs its CRD-upgrade Job applies).
+- Node Feature Discovery from its module's own tree (its go.mod replaces the Kubernetes staging
+  modules, which `go install module@version` does not honour; its nested api/nfd module comes
+  from the proxy at the same version).
+
+Upstream's code and files are inputs on this machine, never part of the project. Each binary is
+cached by source, version and Go version under ~/.cache/gpuboot/operators."""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuboot.matrix import Release
+from gpuboot.mirror.bundle import Artifact, Bundle
+from gpuboot.mirror.refs import parse_image
+from gpuboot_lab.artifacts import layered_image
+from gpuboot_lab.debroot import rootfs_tar
+from gpuboot_lab.errors import LabError
+from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
+
+DEFAULT_CACHE = Path.home() / ".cache" / "gpuboot" / "operators"
+RECIPE_VERSION = "1"
+# The upstream images' bases are distroless and Debian: a shell and CA roots are what their
+# controllers and Jobs use of them.
+BASE_PACKAGES = ["busybox-static", "ca-certificates"]
+BASE_LINKS = {"/bin/sh": "busybox"}
+# `path => ./dir`, alone on a replace line or in a replace block.
+LOCAL_REPLACE = re.compile(r"^\s*(?:replace\s+)?(\S+)\s+=>\s+\./\S+\s*$", re.M)
+
+
+@dataclass(frozen=True)
+class OperatorImage:
+    """One image of an operator: where its source is, what is built, what is copied in."""
+
+    component: str  # the release's images section (gpu_operator)
+    key: str  # the image's key there (operator, nfd)
+    source: str  # "tree:<owner>/<name>" (a git directory on the machine) or "module:<module path>"
+    binaries: tuple[tuple[str, str], ...]  # (file under /usr/bin, package directory in the tree)
+    files: tuple[tuple[str, str], ...] = ()  # (path in the tree, path in the image), as the Dockerfile copies
+    entrypoint: tuple[str, ...] = ()
+    user: str = "0"
+    # -X package.variable=value pairs of the project's own image build ({version}: the tag).
+    variables: tuple[tuple[str, str], ...] = ()
+    tags: str = ""
+
+    def ldflags(self, version: str) -> str:
+        return " ".join(["-s -w", *(f"-X {name}={value.format(version=version)}" for name, value in self.variables)])
+
+    @property
+    def kind(self) -> str:
+        return self.source.split(":", 1)[0]
+
+    @property
+    def origin(self) -> str:
+        return self.source.split(":", 1)[1]
+
+
+GPU_OPERATOR_CRDS = ("nvidia.com_clusterpolicies.yaml", "nvidia.com_nvidiadrivers.yaml", "nvidia.com_gpuclusters.yaml")
+OPERATORS = (
+    OperatorImage(
+        "gpu_operator", "operator", "tree:NVIDIA/gpu-operator",
+        binaries=(("gpu-operator", "cmd/gpu-operator"), ("manage-crds", "cmd/manage-crds"),
+                  ("cleanup-gpuclusters", "cmd/cleanup-gpuclusters")),
+        files=(("assets", "opt/gpu-operator"), ("manifests", "opt/gpu-operator/manifests"),
+               ("validator/manifests", "opt/validator/manifests"),
+               *((f"deployments/gpu-operator/crds/{crd}", f"opt/gpu-operator/{crd}") for crd in GPU_OPERATOR_CRDS),
+               ("deployments/gpu-operator/charts/node-feature-discovery/crds/nfd-api-crds.yaml",
+                "opt/gpu-operator/nfd-api-crds.yaml")),
+        entrypoint=("/usr/bin/gpu-operator",), user="1000",
+        variables=(("github.com/NVIDIA/gpu-operator/internal/info.version", "{version}"),)),
+    OperatorImage(
+        "gpu_operator", "nfd", "module:sigs.k8s.io/node-feature-discovery",
+        binaries=(("nfd-master", "cmd/nfd-master"), ("nfd-worker", "cmd/nfd-worker"), ("nfd-gc", "cmd/nfd-gc")),
+        files=(("deployment/components/worker-config/nfd-worker.conf.example",
+                "etc/kubernetes/node-feature-discovery/nfd-worker.conf"),),
+        # The container image's: the host's /sys, /proc, /etc are mounted under /host-*.
+        variables=(("sigs.k8s.io/node-feature-discovery/pkg/version.version", "{version}"),
+                   ("sigs.k8s.io/node-feature-discovery/pkg/utils/hostpath.pathPrefix", "/host-")),
+        tags="osusergo,netgo"),
+)
+
+
+def go_version() -> str:
+    return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+class OperatorBuild:
+    def __init__(self, cache_dir: Path = DEFAULT_CACHE, log: Callable[[str], None] = print,
+                 sources: Path = SOURCE_ROOT) -> None:
+        self.cache_dir, self.log, self.sources = cache_dir, log, sources
+
+    def _env(self) -> dict[str, str]:
+        return dict(os.environ, GOTOOLCHAIN="local", CGO_ENABLED="0",
+                    GOMODCACHE=str(self.cache_dir / "gomodcache"), GOCACHE=str(self.cache_dir / "gocache"))
+
+    def bin_dir(self, spec: OperatorImage, version: str) -> Path:
+        recipe = hashlib.sha256(repr((RECIPE_VERSION, spec.source, spec.binaries, spec.variables,
+                                      spec.tags)).encode()).hexdigest()[:8]
+        name = spec.origin.replace("/", "+")
+        return self.cache_dir / "bin" / f"{name}-{version}-{go_version()}-{recipe}"
+
+    # -- sources ------------------------------------------------------------------------
+    def _git_dir(self, spec: OperatorImage) -> Path:
+        git_dir = source_git_dir(spec.origin, self.sources)
+        if git_dir is None:
+            raise LabError(f"{spec.origin}'s source tree is not on this machine (under {self.sources})",
+                           hint=f"git clone --bare https://github.com/{spec.origin} "
+                                f"{self.sources}/{spec.origin.replace('/', '+')}/repo")
+        return git_dir
+
+    def _module_dir(self, module: str, version: str) -> Path:
+        proc = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], env=self._env(),
+                              capture_output=True, text=True, check=False, timeout=900)
+        found = re.search(r'"Dir":\s*"([^"]+)"', proc.stdout)
+        if proc.returncode != 0 or not found:
+            raise LabError(f"the module proxy has no {module}@{version}", hint=(proc.stdout + proc.stderr)[-400:])
+        return Path(found.group(1))
+
+    def tree(self, spec: OperatorImage, version: str, into: Path) -> Path:
+        """A writable copy of the source at `version` (the tag, or the module version)."""
+        into.mkdir(parents=True, exist_ok=True)
+        if spec.kind == "tree":
+            git_dir = self._git_dir(spec)
+            archive = subprocess.run(["git", f"--git-dir={git_dir}", "archive", version], capture_output=True, check=False)
+            if archive.returncode != 0:
+                raise LabError(f"{spec.origin} has no tag {version}", hint=archive.stderr.decode(errors="replace")[-300:])
+            subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+        else:
+            subprocess.run(["cp", "-r", f"{self._module_dir(spec.origin, version)}/.", str(into)], check=True)
+            subprocess.run(["chmod", "-R", "u+w", str(into)], check=True)
+            # A nested module of the repository is not in the module's zip: the proxy's copy of
+            # it at the same version stands in for the `./dir` replace.
+            go_mod = (into / "go.mod").read_text()
+            for path in LOCAL_REPLACE.findall(go_mod):
+                self._module_dir(path, version)
+                subprocess.run(["go", "mod", "edit", f"-replace={path}={path}@{version}"], cwd=into, check=True,
+                               env=self._env())
+        return into
+
+    # -- builds ---------------------------------------------------------------------------
+    def build(self, spec: OperatorImage, version: str) -> Path:
+        out = self.bin_dir(spec, version)
+        if all((out / name).is_file() for name, _ in spec.binaries):
+            return out
+        out.mkdir(parents=True, exist_ok=True)
+        log_file = out / "build.log"
+        started = time.monotonic()
+        self.log(f"{spec.origin} {version}: building {', '.join(n for n, _ in spec.binaries)} (log {log_file})")
+        with tempfile.TemporaryDirectory(prefix="gpuboot-operator-") as scratch, log_file.open("w") as log:
+            tree = self.tree(spec, version, Path(scratch) / "src")
+            env = self._env() | ({"GOFLAGS": "-mod=vendor", "GOPROXY": "off"} if (tree / "vendor").is_dir()
+                                 else {"GOFLAGS": "-mod=mod"})
+            for name, package in spec.binaries:
+                tags = ["-tags", spec.tags] if spec.tags else []
+                proc = subprocess.run(["go", "build", "-trimpath", *tags, "-ldflags", spec.ldflags(version),
+                                       "-o", str(out / name), f"./{package}"], cwd=tree, env=env, stdout=log,
+                                      stderr=subprocess.STDOUT, check=False)
+                if proc.returncode != 0:
+                    raise LabError(f"building {name} of {spec.origin} {version} failed", hint=f"see {log_file}")
+        self.log(f"{spec.origin} {version}: built in {time.monotonic() - started:.0f} s")
+        return out
+
+    def files(self, spec: OperatorImage, version: str) -> list[tuple[str, bytes, int]]:
+        """(path in the image, content, mode) of every file the Dockerfile copies in."""
+        found = []
+        with tempfile.TemporaryDirectory(prefix="gpuboot-operator-files-") as scratch:
+            tree = self.tree(spec, version, Path(scratch) / "src")
+            for source, target in spec.files:
+                path = tree / source
+                if not path.exists():
+                    raise LabError(f"{spec.origin} {version} has no {source}, which its image carries",
+                                   hint="the operator's layout changed: update gpuboot_lab.operators")
+                for item in sorted(path.rglob("*")) if path.is_dir() else [path]:
+                    if item.is_file():
+                        relative = item.relative_to(path) if path.is_dir() else Path()
+                        found.append((str(Path(target) / relative), item.read_bytes(), 0o644))
+        return found
+
+
+def _layer(entries: list[tuple[str, bytes, int]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, data, mode in sorted(entries):
+            info = tarfile.TarInfo(path)
+            info.mode, info.mtime, info.size = mode, 0, len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def image_ref(release: Release, spec: OperatorImage) -> str:
+    refs = (release.images or {}).get(spec.component) or {}
+    ref = refs.get(spec.key) if isinstance(refs, dict) else None
+    if not ref:
+        raise LabError(f"release {release.name} names no {spec.component}.{spec.key} image",
+                       hint=f"add it to mirror/releases/{release.name}.yml")
+    return ref
+
+
+def images(bundle: Bundle, release: Release, build: OperatorBuild | None = None) -> list[Artifact]:
+    """The release's operator images, built here from their sources, into `bundle`."""
+    build = build or OperatorBuild()
+    base = rootfs_tar(BASE_PACKAGES, build.cache_dir / "debroot", BASE_LINKS)
+    built = []
+    for spec in OPERATORS:
+        ref = image_ref(release, spec)
+        version = parse_image(ref).tag
+        bin_dir = build.build(spec, version)
+        entries = [(f"usr/bin/{name}", (bin_dir / name).read_bytes(), 0o755) for name, _ in spec.binaries]
+        entries += build.files(spec, version)
+        config = {"User": spec.user, **({"Entrypoint": list(spec.entrypoint)} if spec.entrypoint else {})}
+        build.log(f"image {ref}")
+        built.append(layered_image(bundle, ref, [base, _layer(entries)], config))
+    return built

@@ -1,0 +1,36 @@
+"""The operators the lab builds from source: each is an image every release of the matrix names,
+built at that image's tag, with the version its own release build stamps."""
+from __future__ import annotations
+
+import pytest
+
+from gpuboot import matrix
+from gpuboot.mirror.refs import parse_image
+from gpuboot_lab.errors import LabError
+from gpuboot_lab.operators import LOCAL_REPLACE, OPERATORS, image_ref
+
+
+@pytest.mark.parametrize("release", matrix.available())
+def test_every_release_names_each_operator_image_the_lab_builds(release):
+    loaded = matrix.load(release)
+    for spec in OPERATORS:
+        ref = parse_image(image_ref(loaded, spec))
+        assert ref.tag and ref.tag.startswith("v"), f"{release}: {spec.component}.{spec.key} has no version tag"
+
+
+def test_the_version_is_stamped_as_the_projects_own_build_does():
+    nfd = next(spec for spec in OPERATORS if spec.key == "nfd")
+    assert "-X sigs.k8s.io/node-feature-discovery/pkg/version.version=v0.19.0" in nfd.ldflags("v0.19.0")
+    assert "pkg/utils/hostpath.pathPrefix=/host-" in nfd.ldflags("v0.19.0")
+
+
+def test_a_release_without_the_image_is_refused_naming_it():
+    bare = matrix.load(matrix.available()[0]).model_copy(update={"images": {}})
+    with pytest.raises(LabError, match=r"names no gpu_operator.operator image"):
+        image_ref(bare, OPERATORS[0])
+
+
+def test_the_local_replaces_of_a_go_mod_are_found_in_both_forms():
+    go_mod = ("replace (\n\tk8s.io/api => k8s.io/api v0.35.3\n"
+              "\tsigs.k8s.io/node-feature-discovery/api/nfd => ./api/nfd\n)\nreplace example.com/x => ./x\n")
+    assert LOCAL_REPLACE.findall(go_mod) == ["sigs.k8s.io/node-feature-discovery/api/nfd", "example.com/x"]
