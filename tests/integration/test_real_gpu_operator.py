@@ -35,8 +35,10 @@ from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
 from gpuboot.mirror.plan import Target, build
-from gpuboot_lab.gpu_kit import GoTool, GpuKit, go_version
+from gpuboot.mirror.refs import parse_image
+from gpuboot_lab import LAB_RELEASE
 from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
+from gpuboot_lab.operators import OPERATORS, OperatorBuild, image_ref
 from tests.integration.test_addon_objects_dry_run import ChartSource, helm_template
 from tests.integration.test_double_schemas_vs_real_charts import source_tree
 from tests.support.apiserver import ETCD, ApiServer
@@ -53,8 +55,6 @@ NAMESPACE = "gpu-operator"
 # chart runs NFD, and validate's smoke Job is gpuboot's. (The operator's own image is also its
 # validator's, which it deploys.)
 NOT_DEPLOYED_BY_IT = ("nfd", "smokeTest")
-# The operator's assets and manifests, as its Dockerfile lays them out under /opt/gpu-operator.
-ASSETS = (("assets", ""), ("manifests", "manifests"))
 SETTLE_S = 45  # it reconciles every few seconds; a driver DaemonSet per kernel can come and go
 
 
@@ -68,16 +68,23 @@ def nfd_labels(os_id: str, kernel: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def operator_binary() -> tuple[Path, str, Path]:
-    """(gpu-operator binary, tag, git directory) for the lab's release."""
+def operator_image(tmp_path_factory) -> tuple[Path, Path]:
+    """(gpu-operator binary, what its image holds under /opt/gpu-operator) for the lab's
+    release, built as `gpuboot lab operators bundle` builds its image."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("the operator reads /opt/gpu-operator: it runs in a mount namespace, as root with unshare")
-    release = matrix.load("k8s-1.36")
-    version = str(release.model_extra["gpu_operator"]["chart"]["version"])
-    _, git_dir, tag = source_tree("gpu-operator", version, release.name)
-    tool = GoTool("gpu-operator", "github.com/NVIDIA/gpu-operator", tag, "cmd/gpu-operator",
-                  source="NVIDIA/gpu-operator", version_var="github.com/NVIDIA/gpu-operator/internal/info.version")
-    return GpuKit(log=print).build_tool(tool, go_version()), tag, git_dir
+    release = matrix.load(LAB_RELEASE)
+    spec = next(s for s in OPERATORS if s.component == "gpu_operator" and s.key == "operator")
+    version = parse_image(image_ref(release, spec)).tag
+    source_tree("gpu-operator", version, release.name)  # skips, naming the tree, where it is absent
+    build = OperatorBuild(log=print)
+    opt = tmp_path_factory.mktemp("image-root")
+    for path, data, mode in build.files(spec, version):
+        target = opt / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        target.chmod(mode)
+    return build.build(spec, version) / "gpu-operator", opt / "opt" / "gpu-operator"
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +97,6 @@ def api(tmp_path_factory):
     server = ApiServer(tmp_path_factory.mktemp("operator-api"), built.bin_dir).start()
     yield server
     server.stop()
-
-
-def assets(git_dir: Path, tag: str, into: Path) -> Path:
-    for source, target in ASSETS:
-        (into / target).mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", tag, source], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(into / target), "--strip-components=1"], input=archive.stdout, check=True)
-    return into
 
 
 def gfd_labels(node_gpu) -> dict[str, str]:
@@ -167,8 +166,8 @@ def mount_point():
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_binary, mount_point, api, helm, tmp_path):
-    binary, tag, git_dir = operator_binary
+def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_image, mount_point, api, helm, tmp_path):
+    binary, opt = operator_image
     inventory = CASES[case]
     cluster = load_cluster(inventory)
     release = matrix.load(cluster.settings.release)
@@ -197,7 +196,6 @@ def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_bin
     policy = [o for o in objects if o["kind"] == "ClusterPolicy"]
     api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(policy))
 
-    opt = assets(git_dir, tag, tmp_path / "opt-gpu-operator")
     log = tmp_path / "operator.log"
     with log.open("w") as out:
         operator = subprocess.Popen(
