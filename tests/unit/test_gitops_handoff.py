@@ -11,6 +11,7 @@ from gpuboot.ansible.translate import translate
 from gpuboot.config.loader import load_cluster
 from gpuboot.gitops import repo
 from gpuboot.phases.catalog import UP
+from gpuboot.phases.inputs import phase_inputs
 from tests.support.modules import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ def test_a_missing_or_failing_application_is_named_with_argo_cds_reasons():
 def test_up_hands_the_phase_the_rendered_repository_with_its_key_files():
     cluster = load_cluster(SAMPLE)
     phase = {p.name: p for p in UP}["gitops_handoff"]
-    data = phase.extravars(cluster)["gpuboot_gitops_repository"]
+    data = phase_inputs(phase, cluster)["gpuboot_gitops_repository"]
     rendered = repo.Repository(cluster)
     assert data["directory"] == "clusters/h200-prod" == str(rendered.root)
     assert set(data["files"]) == {str(p.relative_to(rendered.root)) for p in rendered.render()}
@@ -66,7 +67,7 @@ def test_up_hands_the_phase_the_rendered_repository_with_its_key_files():
     assert {"addon-calico", "addon-gpu-operator", "tenant-research"} <= set(names)
     assert len(names) == len(set(names)) == 1 + len(rendered.applications)
     # Other phases get nothing of it: rendering the repository is the handoff's cost alone.
-    assert all(p.extravars(cluster) == {} for p in UP if p.name != "gitops_handoff")
+    assert all(phase_inputs(p, cluster) == {} for p in UP if p.name != "gitops_handoff")
 
 
 def test_a_relative_key_file_is_the_inventorys_own(tmp_path):
@@ -76,7 +77,7 @@ def test_a_relative_key_file_is_the_inventorys_own(tmp_path):
     text = settings.read_text().replace("/etc/gpuboot/secrets/gitops-deploy-key", "secrets/deploy-key")
     settings.write_text(text)
     cluster = load_cluster(copy / "inventory.yml")
-    data = {p.name: p for p in UP}["gitops_handoff"].extravars(cluster)["gpuboot_gitops_repository"]
+    data = phase_inputs({p.name: p for p in UP}["gitops_handoff"], cluster)["gpuboot_gitops_repository"]
     assert data["key_file"] == str(copy / "secrets" / "deploy-key")
 
 

@@ -90,6 +90,12 @@ def _misfits(inv: AnsibleInventory, misfits: list[gpu_plan.Misfit]) -> list[Prob
     return problems
 
 
+def resolve_plans(cluster: Cluster) -> tuple[gpu_plan.GpuPlan, nic_plan.NicPlan]:
+    """The GPU and NIC plans of a loaded cluster at its release (Cluster.gpu_plan/nic_plan)."""
+    return (gpu_plan.resolve(cluster.settings, matrix.load(cluster.settings.release), cluster.nodes),
+            nic_plan.resolve(cluster.settings, cluster.nodes))
+
+
 def load_cluster(path: str | Path, *, check_files: bool = False, releases_dir: Path | None = None) -> Cluster:
     """Read and validate an inventory without touching any host. The first read skips
     Ansible's per-value origin tags (most of the time of a large inventory); an inventory
@@ -160,5 +166,6 @@ def _validated(path: Path, check_files: bool, releases_dir: Path | None, *, loca
         raise InventoryError(problems)
     assert settings is not None
     cluster = Cluster(inventory=str(path), settings=settings, nodes=tuple(nodes), source_files=tuple(inv.files))
+    cluster.attach_resolver(resolve_plans)
     cluster.attach_inventory(inv)
     return cluster

@@ -541,14 +541,22 @@ class Cluster(BaseModel):
     source_files: tuple[str, ...]
     # Ansible's parsed inventory, for host patterns (never serialised).
     _inventory: Any = PrivateAttr(default=None)
+    # What resolves the GPU and NIC plans from this model (the loader gives it: the resolvers
+    # read the model, so the model does not import them), and its answer, computed once.
+    _resolver: Any = PrivateAttr(default=None)
+    _plans: Any = PrivateAttr(default=None)
 
     def attach_inventory(self, inventory: Any) -> None:
         self._inventory = inventory
+
+    def attach_resolver(self, resolver: Any) -> None:
+        self._resolver, self._plans = resolver, None
 
     def at_release(self, release: str) -> Cluster:
         """The same cluster with another release of the matrix (gpuboot upgrade's target)."""
         moved = self.model_copy(update={"settings": self.settings.model_copy(update={"release": release})})
         moved.attach_inventory(self._inventory)
+        moved.attach_resolver(self._resolver)
         return moved
 
     def hosts_matching(self, pattern: str) -> list[str]:
@@ -592,17 +600,22 @@ class Cluster(BaseModel):
                 # The GPU table, for preflight to recognise the models on the nodes.
                 "gpuboot_gpu_models": gpus.catalog_data()}
 
+    def _resolved(self) -> tuple[Any, Any]:
+        if self._plans is None:
+            if self._resolver is None:
+                raise RuntimeError("this Cluster was not loaded by gpuboot.config.loader: no plan resolver")
+            self._plans = self._resolver(self)
+        return self._plans
+
     @property
     def gpu_plan(self):
-        from gpuboot import gpu_plan
-
-        return gpu_plan.resolve(self.settings, matrix.load(self.settings.release), self.nodes)
+        """What each GPU node gets from the GPU Operator (gpuboot.gpu_plan.GpuPlan)."""
+        return self._resolved()[0]
 
     @property
     def nic_plan(self):
-        from gpuboot import nic_plan
-
-        return nic_plan.resolve(self.settings, self.nodes)
+        """What the Network Operator does with each node's NICs (gpuboot.nic_plan.NicPlan)."""
+        return self._resolved()[1]
 
     def in_group(self, group: str) -> list[Node]:
         return [n for n in self.nodes if group in n.groups]

@@ -83,7 +83,6 @@ class Phase:
     # Why the phase has nothing to do for this cluster (skipped, pulls nothing), or None.
     idle_when: Callable[[Cluster], str | None] = field(default=lambda cluster: None, compare=False)
     # Data only this phase reads (gitops_handoff: the repository's files), computed when it runs.
-    extravars: Callable[[Cluster], dict] = field(default=lambda cluster: {}, compare=False)
     # A repair runs it only on the hosts that lost its result (and those its plays pick by
     # position). False where one host's result depends on every other's (the bridge CNI's
     # static routes name every node's pod CIDR).
@@ -212,21 +211,6 @@ def _gitops_unbuilt(settings: GpubootSettings) -> str | None:
     return None
 
 
-def _gitops_repository(cluster: Cluster) -> dict:
-    from gpuboot.config.checks import resolve_path
-    from gpuboot.gitops.repo import Repository
-
-    repository = Repository(cluster)
-    files = repository.render()
-    gitops, base = cluster.settings.gitops, Path(cluster.inventory).parent
-    return {"gpuboot_gitops_repository": {
-        "directory": str(repository.root),
-        # Relative paths are the inventory's own files, as validation read them.
-        "key_file": str(resolve_path(gitops.credentials_file, base)),
-        "known_hosts_file": str(resolve_path(gitops.known_hosts_file, base)),
-        "files": {str(path.relative_to(repository.root)): text for path, text in files.items()}}}
-
-
 def _endpoint_unbuilt(settings: GpubootSettings) -> str | None:
     return "kube_vip is not built yet" if settings.control_plane.mode == "kube_vip" else None
 
@@ -273,7 +257,7 @@ UP: tuple[Phase, ...] = (
     # Argo CD from the mirror, the rendered repository pushed once, then Git owns the add-ons.
     Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml",
           Result(files=("/etc/gpuboot/addons/argocd/*.yaml",)), pulls=("argocd",),
-          unbuilt=_gitops_unbuilt, idle_when=_no_gitops, extravars=_gitops_repository),
+          unbuilt=_gitops_unbuilt, idle_when=_no_gitops),
 )
 
 # The snapshot `gpuboot upgrade` takes first is also `gpuboot etcd snapshot` on its own.

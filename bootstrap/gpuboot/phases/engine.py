@@ -32,6 +32,7 @@ from gpuboot.events import (
 )
 from gpuboot.phases import convergence
 from gpuboot.phases.catalog import Phase
+from gpuboot.phases.inputs import phase_inputs
 from gpuboot.runlog import RunLog, tee
 from gpuboot.state import ClusterState, new_run_id
 
@@ -344,7 +345,7 @@ class Engine:
                     t0 = time.monotonic()
                     self.last_stats = None
                     before = len(self.failures)
-                    result = self._playbook(phase.path, phase.name, run_dir, run_id, phase.extravars(self.cluster),
+                    result = self._playbook(phase.path, phase.name, run_dir, run_id, phase_inputs(phase, self.cluster),
                                             self._phase_sink, phase.name,
                                             self._limit_for(phase))
                     ran.append(phase.name)
