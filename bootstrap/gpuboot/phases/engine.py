@@ -164,7 +164,7 @@ class Engine:
             cancel.set()
             worker.join(timeout=60)
             raise Interrupted(f"interrupted during {resume_phase}",
-                              hint=self.options.resume_hint.format(inventory=self.cluster.inventory, phase=resume_phase)) from None
+                              hint=self._resume_at(resume_phase)) from None
         worker.join()
         result = outcome[0]
         if isinstance(result, BaseException):
@@ -308,17 +308,19 @@ class Engine:
         runs = sorted({run for pid in left if (run := processes.run_of(pid, self.state.root / "runs"))})
         self.sink(ProcessesStopped(processes.stop(left), runs))
 
+    def _resume_at(self, phase: str) -> str:
+        return self.options.resume_hint.format(inventory=self.cluster.inventory, phase=phase)
+
     def run(self, phases: list[Phase]) -> RunFinished:
+        """Plan the phases against what the hosts still show, run those that must, record what
+        succeeded on the hosts and in the state, however the run ends."""
         run_id = new_run_id()
         run_dir = self.state.run_dir(run_id)
         log = run_dir / "gpuboot.log"
         started = time.monotonic()
         names = [p.name for p in phases]
         self.sink(RunStarted(run_id, self.cluster.settings.cluster_name, names, str(log)))
-        ran: list[str] = []
-        succeeded: list[tuple[Phase, str, list[str]]] = []
-        status = "ok"
-        resume = None
+        progress = _Progress()
         hosts = {p.name: self._limited(p, p.hosts_in(self.cluster)) for p in phases}
         digests = {p.name: convergence.fingerprint(self.cluster, p, hosts[p.name]) for p in phases}
         first = self.cluster.first_control_plane
@@ -340,66 +342,85 @@ class Engine:
                     if skip:
                         self.sink(PhaseSkipped(phase.name, why))
                         continue
-                    on = list(self.repairs.get(phase.name, hosts[phase.name]))
-                    self.sink(PhaseStarted(phase.name, phase.title, on, index, len(phases), why))
-                    t0 = time.monotonic()
-                    self.last_stats = None
-                    before = len(self.failures)
-                    result = self._playbook(phase.path, phase.name, run_dir, run_id, phase_inputs(phase, self.cluster),
-                                            self._phase_sink, phase.name,
-                                            self._limit_for(phase))
-                    ran.append(phase.name)
-                    changed = sum(c.changed for c in (self.last_stats.hosts.values() if self.last_stats else []))
-                    self._ask_ssh_why(run_dir, run_id, phase.name, before)
-                    failed_hosts = sorted({f.host for f in self.failures[before:]})
-                    phase_ok = result.ok
-                    self.sink(PhaseFinished(phase.name, "ok" if phase_ok else "failed", changed,
-                                            failed_hosts, round(time.monotonic() - t0, 2)))
-                    if not self.options.check:
-                        self.state.record_phase(phase.name, status="ok" if phase_ok else "failed",
-                                                fingerprint=digests[phase.name], run_id=run_id, changed=changed)
-                    if phase_ok:
-                        succeeded.append((phase, digests[phase.name], hosts[phase.name]))
-                    else:
-                        status = "failed"
-                        resume = self.options.resume_hint.format(inventory=self.cluster.inventory, phase=phase.name)
-                        if len(self.failures) == before:
-                            self.failures.append(Failure("-", phase.name,
-                                                         f"ansible-playbook ended with {result.status} (rc {result.rc}); see {result.stdout_path}"))
+                    if not self._run_phase(phase, (index, len(phases)), why, run_dir, run_id,
+                                           digests[phase.name], hosts[phase.name], progress):
                         break
         except Interrupted as exc:
-            status, resume = "interrupted", exc.hint
+            progress.status, progress.resume = "interrupted", exc.hint
         except KeyboardInterrupt:
             # Ctrl-C, SIGTERM or SIGHUP outside a playbook (the lock, the probe, between phases):
             # the run is still recorded, resuming at the first phase that did not succeed.
-            done = {phase.name for phase, _, _ in succeeded}
+            done = {phase.name for phase, _, _ in progress.succeeded}
             pending = next((p.name for p in phases if p.name not in done), names[0] if names else "")
-            status, resume = "interrupted", self.options.resume_hint.format(inventory=self.cluster.inventory,
-                                                                            phase=pending)
+            progress.status, progress.resume = "interrupted", self._resume_at(pending)
         finally:
             # Record what the phases that succeeded left on their hosts, and give the lock back,
             # however the run ended (a second Ctrl-C here leaves the lock for `unlock`).
             if locked:
-                entries = convergence.state_phases(succeeded, self.cluster.settings)
-                try:
-                    recorded = self.state_run("end", run_dir, run_id, entries, first, gpuboot_lock_holder=holder)
-                except (GpubootError, KeyboardInterrupt):
-                    recorded = []
-                # A host that could not keep the record (a full /var) runs its phases again next
-                # time; the run says which host and why, and fails so nobody builds on that host.
-                unrecorded = [r for r in recorded if r.status == "failed" and r.task.endswith("record each phase's result")]
-                for result in unrecorded:
-                    self.failures.append(Failure(result.host, result.task, result.message))
-                if unrecorded and status == "ok":
-                    again = next(e["name"] for e in entries if {r.host for r in unrecorded} & set(e["hosts"]))
-                    status, resume = "failed", self.options.resume_hint.format(inventory=self.cluster.inventory, phase=again)
-        finished = RunFinished(run_id, status, ran, list(self.failures), str(log), resume,
+                self._record_on_hosts(run_dir, run_id, first, holder, progress)
+        finished = RunFinished(run_id, progress.status, progress.ran, list(self.failures), str(log), progress.resume,
                                round(time.monotonic() - started, 2))
-        self.state.record_run({"run_id": run_id, "command": self.options.command, "status": status,
-                               "phases": ran, "seconds": finished.seconds,
+        self.state.record_run({"run_id": run_id, "command": self.options.command, "status": progress.status,
+                               "phases": progress.ran, "seconds": finished.seconds,
                                "check": self.options.check})
         self.sink(finished)
         return finished
+
+    def _run_phase(self, phase: Phase, position: tuple[int, int], why: str, run_dir: Path, run_id: str,
+                   digest: str, hosts: list[str], progress: _Progress) -> bool:
+        """One phase's playbook, its events and its record in the state; False when it failed.
+        `position`: (its number, how many phases the run has)."""
+        index, total = position
+        on = list(self.repairs.get(phase.name, hosts))
+        self.sink(PhaseStarted(phase.name, phase.title, on, index, total, why))
+        t0 = time.monotonic()
+        self.last_stats = None
+        before = len(self.failures)
+        result = self._playbook(phase.path, phase.name, run_dir, run_id, phase_inputs(phase, self.cluster),
+                                self._phase_sink, phase.name, self._limit_for(phase))
+        progress.ran.append(phase.name)
+        changed = sum(c.changed for c in (self.last_stats.hosts.values() if self.last_stats else []))
+        self._ask_ssh_why(run_dir, run_id, phase.name, before)
+        failed_hosts = sorted({f.host for f in self.failures[before:]})
+        self.sink(PhaseFinished(phase.name, "ok" if result.ok else "failed", changed,
+                                failed_hosts, round(time.monotonic() - t0, 2)))
+        if not self.options.check:
+            self.state.record_phase(phase.name, status="ok" if result.ok else "failed",
+                                    fingerprint=digest, run_id=run_id, changed=changed)
+        if result.ok:
+            progress.succeeded.append((phase, digest, hosts))
+            return True
+        progress.status, progress.resume = "failed", self._resume_at(phase.name)
+        if len(self.failures) == before:
+            self.failures.append(Failure("-", phase.name,
+                                         f"ansible-playbook ended with {result.status} (rc {result.rc}); see {result.stdout_path}"))
+        return False
+
+    def _record_on_hosts(self, run_dir: Path, run_id: str, first: str, holder: dict, progress: _Progress) -> None:
+        """The succeeded phases' results on their hosts, and the lock given back."""
+        entries = convergence.state_phases(progress.succeeded, self.cluster.settings)
+        try:
+            recorded = self.state_run("end", run_dir, run_id, entries, first, gpuboot_lock_holder=holder)
+        except (GpubootError, KeyboardInterrupt):
+            recorded = []
+        # A host that could not keep the record (a full /var) runs its phases again next
+        # time; the run says which host and why, and fails so nobody builds on that host.
+        unrecorded = [r for r in recorded if r.status == "failed" and r.task.endswith("record each phase's result")]
+        for result in unrecorded:
+            self.failures.append(Failure(result.host, result.task, result.message))
+        if unrecorded and progress.status == "ok":
+            again = next(e["name"] for e in entries if {r.host for r in unrecorded} & set(e["hosts"]))
+            progress.status, progress.resume = "failed", self._resume_at(again)
+
+
+@dataclass
+class _Progress:
+    """What a run has done so far: the phases it ran, those that succeeded (with the digest and
+    hosts their record carries), and how it stands."""
+    ran: list[str] = field(default_factory=list)
+    succeeded: list[tuple[Phase, str, list[str]]] = field(default_factory=list)
+    status: str = "ok"
+    resume: str | None = None
 
 
 def raise_for(finished: RunFinished) -> None:
