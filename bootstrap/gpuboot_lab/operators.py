@@ -5,6 +5,9 @@ then runs the real controllers, not doubles of them.
 - The GPU Operator from its repository's tree at the tag (`vendor/`: the module proxy refuses
   the module itself), with the files its Dockerfile copies (the operand manifests it reads at
   run time under /opt/gpu-operator, the CRDs its CRD-upgrade Job applies).
+- The Network Operator from its repository's tree at the tag, through the module proxy (no
+  `vendor/`), with the state manifests it renders operands from (/manifests, as its chart's
+  STATE_MANIFEST_BASE_DIR says), the webhook schemas and the CRDs its upgrade hook applies.
 - Node Feature Discovery from its module's own tree (its go.mod replaces the Kubernetes staging
   modules, which `go install module@version` does not honour; its nested api/nfd module comes
   from the proxy at the same version).
@@ -50,13 +53,18 @@ class OperatorImage:
     component: str  # the release's images section (gpu_operator)
     key: str  # the image's key there (operator, nfd)
     source: str  # "tree:<owner>/<name>" (a git directory on the machine) or "module:<module path>"
-    binaries: tuple[tuple[str, str], ...]  # (file under /usr/bin, package directory in the tree)
+    binaries: tuple[tuple[str, str], ...]  # (file under bin_path, package directory in the tree)
     files: tuple[tuple[str, str], ...] = ()  # (path in the tree, path in the image), as the Dockerfile copies
     entrypoint: tuple[str, ...] = ()
     user: str = "0"
     # -X package.variable=value pairs of the project's own image build ({version}: the tag).
     variables: tuple[tuple[str, str], ...] = ()
     tags: str = ""
+    # Where the binaries go in the image: the chart's commands name them there.
+    bin_path: str = "usr/bin"
+
+    def image_path(self, name: str) -> str:
+        return f"{self.bin_path}/{name}" if self.bin_path else name
 
     def ldflags(self, version: str) -> str:
         return " ".join(["-s -w", *(f"-X {name}={value.format(version=version)}" for name, value in self.variables)])
@@ -92,6 +100,16 @@ OPERATORS = (
         variables=(("sigs.k8s.io/node-feature-discovery/pkg/version.version", "{version}"),
                    ("sigs.k8s.io/node-feature-discovery/pkg/utils/hostpath.pathPrefix", "/host-")),
         tags="osusergo,netgo"),
+    OperatorImage(
+        "network_operator", "operator", "tree:Mellanox/network-operator",
+        binaries=(("manager", "."), ("keep-ncp", "cmd/keep-ncp"), ("apply-crds", "cmd/apply-crds")),
+        files=(("manifests", "manifests"), ("webhook-schemas", "webhook-schemas"),
+               ("deployment/network-operator/crds", "crds/network-operator"),
+               ("deployment/network-operator/charts/sriov-network-operator/crds", "crds/sriov-network-operator"),
+               ("deployment/network-operator/charts/node-feature-discovery/crds", "crds/node-feature-discovery"),
+               ("deployment/network-operator/charts/maintenance-operator-chart/crds", "crds/maintenance-operator")),
+        entrypoint=("/manager",), user="65532:65532", bin_path="",
+        variables=(("github.com/Mellanox/network-operator/version.Version", "{version}"),)),
 )
 
 
@@ -168,7 +186,7 @@ class OperatorBuild:
             for name, package in spec.binaries:
                 tags = ["-tags", spec.tags] if spec.tags else []
                 proc = subprocess.run(["go", "build", "-trimpath", *tags, "-ldflags", spec.ldflags(version),
-                                       "-o", str(out / name), f"./{package}"], cwd=tree, env=env, stdout=log,
+                                       "-o", str(out / name), "." if package == "." else f"./{package}"], cwd=tree, env=env, stdout=log,
                                       stderr=subprocess.STDOUT, check=False)
                 if proc.returncode != 0:
                     raise LabError(f"building {name} of {spec.origin} {version} failed", hint=f"see {log_file}")
@@ -220,7 +238,7 @@ def images(bundle: Bundle, release: Release, build: OperatorBuild | None = None)
         ref = image_ref(release, spec)
         version = parse_image(ref).tag
         bin_dir = build.build(spec, version)
-        entries = [(f"usr/bin/{name}", (bin_dir / name).read_bytes(), 0o755) for name, _ in spec.binaries]
+        entries = [(spec.image_path(name), (bin_dir / name).read_bytes(), 0o755) for name, _ in spec.binaries]
         entries += build.files(spec, version)
         config = {"User": spec.user, **({"Entrypoint": list(spec.entrypoint)} if spec.entrypoint else {})}
         build.log(f"image {ref}")

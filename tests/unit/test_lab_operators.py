@@ -34,3 +34,12 @@ def test_the_local_replaces_of_a_go_mod_are_found_in_both_forms():
     go_mod = ("replace (\n\tk8s.io/api => k8s.io/api v0.35.3\n"
               "\tsigs.k8s.io/node-feature-discovery/api/nfd => ./api/nfd\n)\nreplace example.com/x => ./x\n")
     assert LOCAL_REPLACE.findall(go_mod) == ["sigs.k8s.io/node-feature-discovery/api/nfd", "example.com/x"]
+
+
+def test_the_network_operators_binaries_sit_where_its_chart_runs_them():
+    # deployment/network-operator runs /manager, and its hooks /keep-ncp and /apply-crds.
+    spec = next(spec for spec in OPERATORS if spec.component == "network_operator")
+    assert [spec.image_path(name) for name, _ in spec.binaries] == ["manager", "keep-ncp", "apply-crds"]
+    assert spec.entrypoint == ("/manager",)
+    gpu = next(spec for spec in OPERATORS if spec.key == "operator" and spec.component == "gpu_operator")
+    assert gpu.image_path("gpu-operator") == "usr/bin/gpu-operator"

@@ -1,0 +1,282 @@
+"""NVIDIA's real Network Operator reconciles gpuboot's NicClusterPolicy (issue 29, points 3 and
+4): the controller built from Mellanox/network-operator's tree at the tag the release pins, as
+`gpuboot lab operators bundle` builds its image, its state manifests from the same tag where
+its chart points STATE_MANIFEST_BASE_DIR, run against a real API server of this module's own
+(it labels Nodes) with the environment the real chart's Deployment gives it. gpuboot's values
+are rendered through the real chart; the node labels and the NicClusterPolicy are applied as
+the phase applies them; each fabric node of the inventory carries the labels NFD would give it
+(the Mellanox PCI vendor, the OS release, the kernel, the architecture).
+
+What the operator then deploys is held against gpuboot:
+- every image of every DaemonSet and Deployment it makes (init containers included) is in the
+  mirror plan, and every image the plan lists for what this operator deploys is deployed;
+- the DOCA driver: the operator lists the driver's tags in the mirror and picks the one for
+  each node's kernel, OS and architecture (forcePrecompiled: that tag or nothing). A real
+  registry on loopback stands for the mirror and holds exactly the DOCA tags the mirror plan
+  lists, so a tag gpuboot plans under another name than the operator looks for fails here;
+- each operand runs on every fabric node: the node affinity and selector of its DaemonSets
+  (the DOCA driver has one per kernel) select each of them, and no node outside the fabric.
+
+No kubelet runs here, so no operand pod exists: readiness, the VFs and the RDMA bandwidth test
+are the lab's (with doubles) and a real NIC's. The SR-IOV operator's operands are its own
+(sriov-network-operator, not built here). Skipped, naming what to bring, without the source
+tree."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuboot import matrix
+from gpuboot.cli.main import run
+from gpuboot.config.loader import load_cluster
+from gpuboot.mirror.plan import Target, build
+from gpuboot.mirror.refs import parse_image
+from gpuboot.mirror.serve import ServeSpec, start
+from gpuboot.net import free_port
+from gpuboot_lab import LAB_RELEASE
+from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
+from gpuboot_lab.operators import OPERATORS, OperatorBuild, image_ref
+from tests.integration.test_addon_objects_dry_run import ChartSource, helm_template
+from tests.integration.test_double_schemas_vs_real_charts import source_tree
+from tests.support.apiserver import ETCD, ApiServer
+from tests.support.mirror_fixture import IMAGE_CACHE
+from tests.support.oci_layout import busybox_binaries, push, write_layout
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = {"sample": ROOT / "inventories" / "sample" / "inventory.yml",
+         "mixed-fleet": ROOT / "tests" / "fixtures" / "mixed-fleet" / "hosts.ini",
+         "rdma_present": ROOT / "tests" / "corpus" / "gpu" / "rdma_present" / "inventory.yml"}
+# What the plan lists for the component that this operator does not deploy: the chart runs the
+# operator and the SR-IOV operator, the SR-IOV operator runs its config daemon (whose init
+# containers copy the CNI plugins) and device plugin, and the bandwidth test is gpuboot's.
+NOT_DEPLOYED_BY_IT = ("operator", "sriovOperator", "sriovConfigDaemon", "sriovDevicePlugin", "sriovCni",
+                      "ibSriovCni", "ovsCni", "rdmaCni", "bandwidthTest")
+SETTLE_S = 45
+WORKLOADS = ("daemonsets", "deployments")
+MOFED_WAIT = "network.nvidia.com/operator.mofed.wait"
+
+
+def nfd_labels(os_id: str, kernel: str) -> dict[str, str]:
+    """What NFD would label a fabric node with (the keys the operator's nodeinfo reads)."""
+    distro, _, version = os_id.partition("-")
+    return {"feature.node.kubernetes.io/pci-15b3.present": "true",
+            "feature.node.kubernetes.io/system-os_release.ID": distro,
+            "feature.node.kubernetes.io/system-os_release.VERSION_ID": version,
+            "feature.node.kubernetes.io/kernel-version.full": kernel}
+
+
+@pytest.fixture(scope="module")
+def operator_image(tmp_path_factory) -> tuple[Path, Path]:
+    """(manager binary, the image's root: /manifests, /crds, /webhook-schemas) for the lab's
+    release, built as `gpuboot lab operators bundle` builds its image."""
+    release = matrix.load(LAB_RELEASE)
+    spec = next(s for s in OPERATORS if s.component == "network_operator")
+    version = parse_image(image_ref(release, spec)).tag
+    source_tree("network-operator", version.lstrip("v"), release.name)  # skips, naming the tree, where absent
+    build = OperatorBuild(log=print)
+    root = tmp_path_factory.mktemp("network-operator-image")
+    for path, data, mode in build.files(spec, version):
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        target.chmod(mode)
+    return build.build(spec, version) / "manager", root
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """A real registry on loopback (plain HTTP, which the operator's registry client uses for
+    a loopback host) standing for the mirror."""
+    root = tmp_path_factory.mktemp("doca-mirror")
+    write_layout(root / "layout", "doca", busybox_binaries(IMAGE_CACHE), "doca-driver")
+    running = start(ServeSpec(root / "registry", f"127.0.0.1:{free_port()}", tls=False))
+    yield running, root / "layout"
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    """An API server of this module's own: the operator labels the Nodes made here."""
+    if shutil.which(ETCD) is None or shutil.which("go") is None:
+        pytest.fail("etcd and go are needed (bootstrap/setup.sh installs etcd-server; Go 1.24 or newer on PATH)")
+    newest = sorted(matrix_versions(), key=lambda v: tuple(int(p) for p in v.lstrip("v").split(".")))[-1]
+    built = KubernetesBuild(log=lambda m: None).build(newest)
+    server = ApiServer(tmp_path_factory.mktemp("network-operator-api"), built.bin_dir).start()
+    yield server
+    server.stop()
+
+
+def fabric_nodes(cluster) -> dict[str, dict[str, str]]:
+    """Each fabric node (the NIC plan's) and the labels NFD would give it."""
+    settings = cluster.settings
+    kernels = list(settings.node_os.kernels if settings.node_os else [])
+    found = {}
+    for index, name in enumerate(sorted(cluster.nic_plan.node_labels())):
+        node = next(n for n in cluster.cluster_nodes if n.name == name)
+        os_id = node.settings.os or settings.node_os.id
+        kernel = node.settings.kernel or kernels[index % len(kernels)]
+        found[name] = nfd_labels(os_id, kernel)
+    return found
+
+
+def chart_env(objects: list[dict], name: str) -> dict[str, str]:
+    """The environment the real chart gives the operator's container."""
+    deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == name)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+
+
+def deployed(api: ApiServer, namespace: str, seconds: float) -> tuple[dict[str, set[str]], dict[str, dict]]:
+    """image -> where, over `seconds` of reconciling, and every workload seen."""
+    seen: dict[str, set[str]] = {}
+    workloads: dict[str, dict] = {}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for kind in WORKLOADS:
+            proc = api.kubectl("get", kind, "-n", namespace, "-o", "json", check=False)
+            if proc.returncode != 0:
+                continue
+            for item in json.loads(proc.stdout)["items"]:
+                where = f"{item['kind']} {item['metadata']['name']}"
+                workloads[where] = item
+                spec = item["spec"]["template"]["spec"]
+                for container in spec.get("initContainers", []) + spec["containers"]:
+                    seen.setdefault(container["image"], set()).add(f"{where}/{container['name']}")
+        time.sleep(3)
+    return seen, workloads
+
+
+def selects(pod_spec: dict, labels: dict[str, str]) -> bool:
+    """Whether a pod with this spec may run on a node with these labels: its nodeSelector and
+    its required node affinity (terms ORed, expressions ANDed; In, NotIn, Exists, DoesNotExist)."""
+    if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return False
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution")
+    if not required:
+        return True
+
+    def holds(expression: dict) -> bool:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+        return {"In": lambda: labels.get(key) in values, "NotIn": lambda: labels.get(key) not in values,
+                "Exists": lambda: key in labels, "DoesNotExist": lambda: key not in labels}[operator]()
+
+    return any(all(holds(e) for e in term.get("matchExpressions") or []) for term in required["nodeSelectorTerms"])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_real_network_operator_deploys_what_the_mirror_plan_lists(case, operator_image, registry, api, helm,
+                                                                      tmp_path):
+    binary, image_root = operator_image
+    mirror, layout = registry
+    inventory = CASES[case]
+    cluster = load_cluster(inventory)
+    release = matrix.load(cluster.settings.release)
+    assert run(["render", str(inventory), "--out", str(tmp_path / "render")]) == 0
+    addon = tmp_path / "render" / cluster.first_control_plane / "etc" / "gpuboot" / "addons" / "network-operator"
+    assert addon.is_dir(), f"{case}: no Network Operator rendered"
+    namespace = yaml.safe_load((addon / "namespace.yaml").read_text())["metadata"]["name"]
+    pinned = release.model_extra["network_operator"]["chart"]
+    chart_name = pinned["name"]
+    chart = ChartSource("real", tmp_path / "charts").chart(chart_name, str(pinned["version"]), release.name)
+    objects = helm_template(helm, chart, chart_name, namespace, release.kubernetes.version,
+                            (addon / "values.yaml").read_text())
+    crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
+    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(crds))
+    for crd in crds:
+        api.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
+    # A clean slate per case: the operator's workloads, the policy and the Nodes of the last one.
+    api.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=120s")
+    api.kubectl("delete", "nicclusterpolicies.mellanox.com,nodes", "--all", "--wait=true")
+    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / "namespace.yaml"))
+    fabric = fabric_nodes(cluster)
+    # Nodes outside the fabric too: the operator must leave them alone.
+    others = [n.name for n in cluster.cluster_nodes if n.name not in fabric][:2]
+    for name in [*fabric, *others]:
+        node = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                                      "kubernetes.io/arch": "amd64", **fabric.get(name, {})}}}
+        api.kubectl("apply", "--server-side", "--field-manager=nfd", "-f", "-", stdin=json.dumps(node))
+        # Admission taints a new Node not-ready until its kubelet reports Ready; the operator
+        # (as the DaemonSet controller) passes over a node it cannot schedule on. No kubelet
+        # runs here: the taint goes as the node lifecycle controller would take it off.
+        api.kubectl("taint", "nodes", name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
+    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / "node-labels.yaml"))
+    # The mirror's login and CA, as the phase writes them (render shows where each comes from):
+    # the loopback registry takes no login.
+    if (addon / "mirror-access.yaml").is_file():
+        access = [d for d in yaml.safe_load_all((addon / "mirror-access.yaml").read_text()) if d]
+        for document in access:
+            if document["kind"] == "Secret":
+                document["stringData"] = {".dockerconfigjson": json.dumps({"auths": {}})}
+        api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(access))
+    # The DOCA driver's tags are listed where the policy says (the mirror, or nvcr.io): the
+    # loopback registry stands for that host, holding the DOCA images the mirror plan lists.
+    plan = build(release, Target.of(cluster, release)).only({"network_operator"})
+    planned = {str(image.ref) for image in plan.images}
+    for ref in sorted(r for r in planned if "/doca-driver:" in r):
+        push(layout, "doca", f"{mirror.spec.listen}/{ref}")
+    policy = yaml.safe_load((addon / "nic-cluster-policy.yaml").read_text())
+    registry_host = cluster.settings.mirror.registry if cluster.settings.mirror.air_gapped else None
+    doca = policy["spec"]["ofedDriver"]
+    upstream_repository = doca["repository"].removeprefix(f"{registry_host}/") if registry_host else doca["repository"]
+    doca["repository"] = f"{mirror.spec.listen}/{upstream_repository}"
+    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump(policy))
+
+    env = chart_env(objects, chart_name) | {"STATE_MANIFEST_BASE_DIR": str(image_root / "manifests"),
+                                            "POD_NAMESPACE": namespace, "KUBECONFIG": str(api.kubeconfig),
+                                            "ENABLE_WEBHOOKS": "false"}
+    log = tmp_path / "operator.log"
+    with log.open("w") as out:
+        operator = subprocess.Popen([str(binary), "--metrics-bind-address", "127.0.0.1:0",
+                                     "--health-probe-bind-address", "127.0.0.1:0"],
+                                    env=dict(os.environ, **env), stdout=out, stderr=subprocess.STDOUT, cwd=image_root)
+        try:
+            seen, workloads = deployed(api, namespace, SETTLE_S)
+        finally:
+            operator.terminate()
+            operator.wait(30)
+    assert seen, f"{case}: the operator deployed nothing in {SETTLE_S} s; see {log}:\n{log.read_text()[-3000:]}"
+
+    # The DOCA driver is named by the mirror: the plan holds it under its upstream name.
+    upstream = {image: image.removeprefix(f"{mirror.spec.listen}/") for image in seen}
+    operands = planned - {release.images["network_operator"][key] for key in NOT_DEPLOYED_BY_IT
+                          if key in release.images["network_operator"]}
+    unplanned = sorted(f"{image} ({', '.join(sorted(seen[image]))})" for image, name in upstream.items()
+                       if name not in planned)
+    assert not unplanned, f"{case}: NVIDIA's Network Operator deploys images the mirror plan lacks: {unplanned}"
+    never = sorted(operands - set(upstream.values()))
+    assert not never, f"{case}: the plan lists images the Network Operator never deployed: {never}"
+
+    # Nodes as they stand once their DOCA driver is up: the operator then sets the wait label
+    # that holds the RDMA plugin back until the driver is loaded (no kubelet here runs the driver).
+    nodes = {n["metadata"]["name"]: {**(n["metadata"].get("labels") or {}), MOFED_WAIT: "false"}
+             for n in json.loads(api.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
+    # One operand can be several DaemonSets (the DOCA driver: one per OS and kernel); an
+    # operand is known by its containers' names.
+    operands_on: dict[tuple[str, ...], set[str]] = {}
+    placement: dict[tuple[str, ...], list] = {}
+    for where, item in sorted(workloads.items()):
+        if item["kind"] != "DaemonSet":
+            continue
+        spec = item["spec"]["template"]["spec"]
+        operand = tuple(sorted(c["name"] for c in spec["containers"]))
+        operands_on.setdefault(operand, set()).update(name for name in nodes if selects(spec, nodes[name]))
+        placement.setdefault(operand, []).append({"nodeSelector": spec.get("nodeSelector"),
+                                                  "affinity": spec.get("affinity")})
+        strays = sorted(name for name in others if selects(spec, nodes[name]))
+        assert not strays, f"{case}: {where} would run on {strays}, outside the fabric"
+    for operand, on in sorted(operands_on.items()):
+        missed = sorted(set(fabric) - on)
+        assert not missed, (f"{case}: no DaemonSet of {'/'.join(operand)} runs on fabric nodes {missed}: "
+                            f"{placement[operand]}; {missed[0]} has {nodes[missed[0]]}")
+    print(f"{case}: {len(workloads)} workloads, {len(seen)} images, all planned; fabric {sorted(fabric)}")
