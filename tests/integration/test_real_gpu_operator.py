@@ -58,33 +58,40 @@ NOT_DEPLOYED_BY_IT = ("nfd", "smokeTest")
 SETTLE_S = 45  # it reconciles every few seconds; a driver DaemonSet per kernel can come and go
 
 
-def nfd_labels(os_id: str, kernel: str) -> dict[str, str]:
-    """What NFD would label a GPU node with: the PCI vendor, the OS release, the kernel."""
+def nfd_labels(os_id: str, kernel: str, pci_vendor: str = "10de") -> dict[str, str]:
+    """What NFD would label a node with: the PCI vendor (NVIDIA's GPUs; 15b3 for Mellanox NICs),
+    the OS release, the kernel."""
     distro, _, version = os_id.partition("-")
-    return {"feature.node.kubernetes.io/pci-10de.present": "true",
+    return {f"feature.node.kubernetes.io/pci-{pci_vendor}.present": "true",
             "feature.node.kubernetes.io/system-os_release.ID": distro,
             "feature.node.kubernetes.io/system-os_release.VERSION_ID": version,
             "feature.node.kubernetes.io/kernel-version.full": kernel}
 
 
-@pytest.fixture(scope="module")
-def operator_image(tmp_path_factory) -> tuple[Path, Path]:
-    """(gpu-operator binary, what its image holds under /opt/gpu-operator) for the lab's
-    release, built as `gpuboot lab operators bundle` builds its image."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("the operator reads /opt/gpu-operator: it runs in a mount namespace, as root with unshare")
+def built_image(component: str, chart: str, root: Path) -> tuple[Path, Path]:
+    """(binaries' directory, `root` holding the image's files) of the component's operator for
+    the lab's release, built as `gpuboot lab operators bundle` builds its image; skips, naming
+    the source tree, where it is absent."""
     release = matrix.load(LAB_RELEASE)
-    spec = next(s for s in OPERATORS if s.component == "gpu_operator" and s.key == "operator")
+    spec = next(s for s in OPERATORS if s.component == component and s.key == "operator")
     version = parse_image(image_ref(release, spec)).tag
-    source_tree("gpu-operator", version, release.name)  # skips, naming the tree, where it is absent
+    source_tree(chart, version.lstrip("v") if chart == "network-operator" else version, release.name)
     build = OperatorBuild(log=print)
-    opt = tmp_path_factory.mktemp("image-root")
     for path, data, mode in build.files(spec, version):
-        target = opt / path
+        target = root / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         target.chmod(mode)
-    return build.build(spec, version) / "gpu-operator", opt / "opt" / "gpu-operator"
+    return build.build(spec, version), root
+
+
+@pytest.fixture(scope="module")
+def operator_image(tmp_path_factory) -> tuple[Path, Path]:
+    """(gpu-operator binary, what its image holds under /opt/gpu-operator)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("the operator reads /opt/gpu-operator: it runs in a mount namespace, as root with unshare")
+    bin_dir, root = built_image("gpu_operator", "gpu-operator", tmp_path_factory.mktemp("image-root"))
+    return bin_dir / "gpu-operator", root / "opt" / "gpu-operator"
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -37,15 +36,12 @@ from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
 from gpuboot.mirror.plan import Target, build
-from gpuboot.mirror.refs import parse_image
 from gpuboot.mirror.serve import ServeSpec, start
 from gpuboot.net import free_port
-from gpuboot_lab import LAB_RELEASE
-from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
-from gpuboot_lab.operators import OPERATORS, OperatorBuild, image_ref
+from tests.integration import test_real_gpu_operator
 from tests.integration.test_addon_objects_dry_run import ChartSource, helm_template
-from tests.integration.test_double_schemas_vs_real_charts import source_tree
-from tests.support.apiserver import ETCD, ApiServer
+from tests.integration.test_real_gpu_operator import built_image, nfd_labels
+from tests.support.apiserver import ApiServer
 from tests.support.mirror_fixture import IMAGE_CACHE
 from tests.support.oci_layout import busybox_binaries, push, write_layout
 
@@ -64,32 +60,15 @@ SETTLE_S = 45
 WORKLOADS = ("daemonsets", "deployments")
 MOFED_WAIT = "network.nvidia.com/operator.mofed.wait"
 
-
-def nfd_labels(os_id: str, kernel: str) -> dict[str, str]:
-    """What NFD would label a fabric node with (the keys the operator's nodeinfo reads)."""
-    distro, _, version = os_id.partition("-")
-    return {"feature.node.kubernetes.io/pci-15b3.present": "true",
-            "feature.node.kubernetes.io/system-os_release.ID": distro,
-            "feature.node.kubernetes.io/system-os_release.VERSION_ID": version,
-            "feature.node.kubernetes.io/kernel-version.full": kernel}
+# An API server of this module's own, as the GPU Operator's test has: the operator labels Nodes.
+api = test_real_gpu_operator.api
 
 
 @pytest.fixture(scope="module")
 def operator_image(tmp_path_factory) -> tuple[Path, Path]:
-    """(manager binary, the image's root: /manifests, /crds, /webhook-schemas) for the lab's
-    release, built as `gpuboot lab operators bundle` builds its image."""
-    release = matrix.load(LAB_RELEASE)
-    spec = next(s for s in OPERATORS if s.component == "network_operator")
-    version = parse_image(image_ref(release, spec)).tag
-    source_tree("network-operator", version.lstrip("v"), release.name)  # skips, naming the tree, where absent
-    build = OperatorBuild(log=print)
-    root = tmp_path_factory.mktemp("network-operator-image")
-    for path, data, mode in build.files(spec, version):
-        target = root / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        target.chmod(mode)
-    return build.build(spec, version) / "manager", root
+    """(manager binary, the image's root: /manifests, /crds, /webhook-schemas)."""
+    bin_dir, root = built_image("network_operator", "network-operator", tmp_path_factory.mktemp("network-operator-image"))
+    return bin_dir / "manager", root
 
 
 @pytest.fixture(scope="module")
@@ -103,18 +82,6 @@ def registry(tmp_path_factory):
     running.stop()
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    """An API server of this module's own: the operator labels the Nodes made here."""
-    if shutil.which(ETCD) is None or shutil.which("go") is None:
-        pytest.fail("etcd and go are needed (bootstrap/setup.sh installs etcd-server; Go 1.24 or newer on PATH)")
-    newest = sorted(matrix_versions(), key=lambda v: tuple(int(p) for p in v.lstrip("v").split(".")))[-1]
-    built = KubernetesBuild(log=lambda m: None).build(newest)
-    server = ApiServer(tmp_path_factory.mktemp("network-operator-api"), built.bin_dir).start()
-    yield server
-    server.stop()
-
-
 def fabric_nodes(cluster) -> dict[str, dict[str, str]]:
     """Each fabric node (the NIC plan's) and the labels NFD would give it."""
     settings = cluster.settings
@@ -124,7 +91,7 @@ def fabric_nodes(cluster) -> dict[str, dict[str, str]]:
         node = next(n for n in cluster.cluster_nodes if n.name == name)
         os_id = node.settings.os or settings.node_os.id
         kernel = node.settings.kernel or kernels[index % len(kernels)]
-        found[name] = nfd_labels(os_id, kernel)
+        found[name] = nfd_labels(os_id, kernel, pci_vendor="15b3")
     return found
 
 
