@@ -3,13 +3,21 @@ of several sizes (3 control planes, the rest workers; kind-like nodes, air-gappe
 lab mirror with the lab-built Kubernetes packages, as README's main command), timing the
 first run, a plain re-run and a `--force` re-run of every phase.
 
-Per size: wall seconds and per phase, changed tasks, CPU seconds of the control machine
-(gpuboot's own process apart from Ansible's), the lab nodes' own CPU seconds (their
-containers' cgroups: on this machine they share its cores), the largest peak RSS of one
-process; across sizes: the marginal wall seconds per extra node. Not a test: run it by hand on an otherwise
-idle machine and record the figures in README.
+Per size: wall seconds and per phase, changed tasks, host-tasks (every task's result on every
+host in the phases' playbooks; the probe and record runs report no task events), CPU seconds of the control machine (everything the
+run starts: gpuboot, ansible-playbook, its workers and the ssh masters, which leave the process
+tree and so are counted through a cgroup of their own; gpuboot's own process apart), the lab
+nodes' own CPU seconds (their containers' cgroups: on this machine they share its cores), the
+largest peak RSS of one process; across sizes: the marginal wall and control CPU seconds per
+extra node. Not a test: run it by hand on an otherwise idle machine and record the figures in
+docs/benchmarks.md.
 
     .venv/bin/python -m tests.bench.up_scale --nodes 5 20 50 [--out result.json] [--skip-forced]
+        [--lever mitogen] [--ansible ANSIBLE_STRATEGY=free ...]
+
+A lever is measured without changing the product: `--ansible` passes Ansible settings through
+the environment (gpuboot hands ANSIBLE_* on to its playbooks), and `--lever mitogen` runs
+every playbook under mitogen's linear strategy (`pip install mitogen` into the venv first).
 
 The benchmark runs the working tree: editing a role, a playbook or the release matrix while it
 runs changes the phases' fingerprints, and the re-run then runs them again.
@@ -23,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,12 +77,71 @@ def node_cpu_seconds() -> float | None:
     return None
 
 
-def timed_up(inventory: Path, *extra: str) -> dict:
+class ControlCgroup:
+    """A cgroup of its own for one measured run, so that its CPU counts every process the run
+    starts: ssh's ControlPersist masters detach from the process tree (getrusage never sees
+    them) but stay in the cgroup they were born in. None where no cgroup can be made."""
+
+    V1 = Path("/sys/fs/cgroup/cpuacct")
+    V2 = Path("/sys/fs/cgroup")
+
+    def __init__(self, name: str):
+        if (self.V1 / "cpuacct.usage").is_file():
+            self.path, self.v2 = self.V1 / name, False
+        elif (self.V2 / "cgroup.controllers").is_file():
+            self.path, self.v2 = self.V2 / name, True
+        else:
+            raise OSError("no cpuacct (v1) or unified (v2) cgroup hierarchy")
+        self.path.mkdir()
+
+    def enter(self) -> None:
+        """preexec_fn of the measured child: it and all it starts belong to this cgroup."""
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def cpu_seconds(self) -> float:
+        if self.v2:
+            stat = (self.path / "cpu.stat").read_text().splitlines()
+            return int(next(line.split()[1] for line in stat if line.startswith("usage_usec"))) / 1e6
+        return int((self.path / "cpuacct.usage").read_text()) / 1e9
+
+    def close(self) -> None:
+        """Hands what still runs (idle ssh masters) back to the parent cgroup, then removes it."""
+        for pid in (self.path / "cgroup.procs").read_text().split():
+            try:
+                (self.path.parent / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # it ended meanwhile
+        self.path.rmdir()
+
+
+def control_cgroup() -> ControlCgroup | None:
+    try:
+        return ControlCgroup(f"gpuboot-bench-{os.getpid()}-{time.monotonic_ns()}")
+    except OSError as exc:
+        print(f"control CPU from getrusage only (no cgroup: {exc}); ssh masters are not counted",
+              file=sys.stderr)
+        return None
+
+
+def host_tasks(events: list[dict]) -> int:
+    """Every task's result on every host, over the phases' playbooks."""
+    return sum(counts["ok"] + counts["failed"] + counts["skipped"] + counts["unreachable"]
+               for e in events if e["event"] == "PlaybookStats" for counts in e["hosts"].values())
+
+
+def timed_up(inventory: Path, env: dict[str, str], *extra: str) -> dict:
     nodes_before = node_cpu_seconds()
+    cgroup = control_cgroup()
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", MEASURED, "up", str(inventory), "--to", NODE_PREP[-1],
-                           "--output", "json", *extra], cwd=ROOT, capture_output=True, text=True)
-    wall = time.monotonic() - started
+    try:
+        proc = subprocess.run([sys.executable, "-c", MEASURED, "up", str(inventory), "--to", NODE_PREP[-1],
+                               "--output", "json", *extra], cwd=ROOT, capture_output=True, text=True, env=env,
+                              preexec_fn=cgroup.enter if cgroup else None)
+        wall = time.monotonic() - started
+        control_cpu = cgroup.cpu_seconds() if cgroup else None
+    finally:
+        if cgroup:
+            cgroup.close()
     nodes_after = node_cpu_seconds()
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     usage = json.loads(proc.stderr.strip().splitlines()[-1])
@@ -81,14 +150,41 @@ def timed_up(inventory: Path, *extra: str) -> dict:
     phases = {e["phase"]: {"seconds": round(e["seconds"], 1), "changed": e["changed"]}
               for e in events if e["event"] == "PhaseFinished"}
     in_phases = sum(p["seconds"] for p in phases.values())
+    if control_cpu is None:
+        control_cpu = usage["gpuboot_cpu"] + usage["ansible_cpu"]
     return {"wall": round(wall, 1), "phases": phases,
             "skipped": [e["phase"] for e in events if e["event"] == "PhaseSkipped"],
             "changed": sum(p["changed"] for p in phases.values()),
+            "host_tasks": host_tasks(events),
             "outside_phases": round(wall - in_phases, 1),
+            "control_cpu": round(control_cpu, 1),
             "gpuboot_cpu": round(usage["gpuboot_cpu"], 1), "ansible_cpu": round(usage["ansible_cpu"], 1),
             "gpuboot_cpu_share": round(usage["gpuboot_cpu"] / wall, 3),
             "gpuboot_peak_mib": usage["gpuboot_peak_mib"], "child_peak_mib": usage["child_peak_mib"],
             "nodes_cpu": round(nodes_after - nodes_before, 1) if nodes_before is not None else None}
+
+
+def mitogen_settings() -> dict[str, str]:
+    """The Ansible settings that run every play under mitogen's linear strategy."""
+    try:
+        import ansible_mitogen
+    except ImportError:
+        raise SystemExit("mitogen is not installed in this venv (pip install mitogen)") from None
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"),
+            "ANSIBLE_STRATEGY": "mitogen_linear"}
+
+
+def lever_environment(lever: str | None, settings: list[str]) -> dict[str, str]:
+    """The environment gpuboot runs in: this one, plus the Ansible settings of the lever measured."""
+    env = dict(os.environ)
+    if lever == "mitogen":
+        env.update(mitogen_settings())
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key.startswith("ANSIBLE_"):
+            raise SystemExit(f"--ansible {setting!r}: give ANSIBLE_<SETTING>=<value>")
+        env[key] = value
+    return env
 
 
 def bundle(version: str) -> Path:
@@ -99,7 +195,10 @@ def bundle(version: str) -> Path:
     return path
 
 
-def one_size(nodes: int, subnet: str, packages: Path, workdir: Path, forced: bool = True) -> dict:
+@contextmanager
+def lab_cluster(nodes: int, subnet: str, packages: Path, workdir: Path) -> Iterator[tuple[Path, float]]:
+    """A fresh lab of `nodes` (3 control planes, the rest workers) behind the lab mirror holding
+    `packages`: its inventory and the seconds the lab took to start. Taken down on leaving."""
     inventory = workdir / f"inventory-{nodes}.yml"
     gpuboot("lab", "down", "--name", LAB, check=False)
     started = time.monotonic()
@@ -109,21 +208,57 @@ def one_size(nodes: int, subnet: str, packages: Path, workdir: Path, forced: boo
     lab_seconds = time.monotonic() - started
     try:
         gpuboot("lab", "mirror", str(packages), "--name", LAB)
+        yield inventory, lab_seconds
+    finally:
+        gpuboot("lab", "down", "--name", LAB, check=False)
+
+
+def one_size(nodes: int, subnet: str, packages: Path, workdir: Path, env: dict[str, str],
+             forced: bool = True) -> dict:
+    with lab_cluster(nodes, subnet, packages, workdir) as (inventory, lab_seconds):
         result = {"nodes": nodes, "lab_up_seconds": round(lab_seconds, 1)}
-        result["first"] = timed_up(inventory)
-        result["rerun"] = timed_up(inventory)
+        result["first"] = timed_up(inventory, env)
+        result["rerun"] = timed_up(inventory, env)
         first = result["first"]["wall"]
         result["rerun_share"] = round(result["rerun"]["wall"] / first, 3)
         if forced:
-            result["forced"] = timed_up(inventory, "--force")
+            result["forced"] = timed_up(inventory, env, "--force")
             result["forced_share"] = round(result["forced"]["wall"] / first, 3)
-        result["cpu_seconds_per_node"] = round(
-            (result["first"]["gpuboot_cpu"] + result["first"]["ansible_cpu"]) / nodes, 2)
+        result["cpu_seconds_per_node"] = round(result["first"]["control_cpu"] / nodes, 2)
+        result["host_tasks_per_node"] = round(result["first"]["host_tasks"] / nodes, 1)
         if result["first"]["nodes_cpu"] is not None:
             result["node_cpu_seconds_per_node"] = round(result["first"]["nodes_cpu"] / nodes, 2)
         return result
-    finally:
-        gpuboot("lab", "down", "--name", LAB, check=False)
+
+
+def commit() -> str:
+    """The commit measured, marked when the working tree differs from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "bootstrap", "playbooks", "roles", "mirror",
+                            "ansible.cfg", "pyproject.toml", "requirements.lock"],
+                           cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return head.stdout.strip() + (" with uncommitted product changes" if dirty else "")
+
+
+def markdown(summary: dict, command: str) -> str:
+    """The rows docs/benchmarks.md takes, with the date, commit, machine and command."""
+    lines = [f"{time.strftime('%Y-%m-%d')}, commit {summary['commit']}, {summary['machine']}: `{command}`", "",
+             "| nodes | first `up` | changed | host-tasks per node | control CPU | per node | nodes' CPU per node "
+             "| plain re-run | peak RSS (gpuboot / one child) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for size in summary["sizes"]:
+        first, rerun = size["first"], size["rerun"]
+        lines.append(
+            f"| {size['nodes']} | {first['wall']:,.0f} s | {first['changed']} | {size['host_tasks_per_node']} "
+            f"| {first['control_cpu']:,.1f} s | {size['cpu_seconds_per_node']} s "
+            f"| {size.get('node_cpu_seconds_per_node', '-')} s "
+            f"| {rerun['wall']} s ({size['rerun_share']:.1%}), {rerun['changed']} changed "
+            f"| {first['gpuboot_peak_mib']} / {first['child_peak_mib']} MiB |")
+    if "marginal_control_cpu_per_node" in summary:
+        lines += ["", f"Per extra node: {summary['marginal_control_cpu_per_node']} control CPU-seconds, "
+                      f"{summary['marginal_host_tasks_per_node']} host-tasks, "
+                      f"{summary['marginal_seconds_per_node']} s of wall."]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -131,20 +266,26 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[5, 20, 50])
     parser.add_argument("--subnet", default="10.213.60.0/24")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--markdown", action="store_true", help="also print the rows for docs/benchmarks.md")
     parser.add_argument("--skip-forced", action="store_true", help="no `--force` re-run (it takes about half the first run)")
+    parser.add_argument("--lever", choices=["mitogen"], help="run every playbook under this strategy")
+    parser.add_argument("--ansible", action="append", default=[], metavar="ANSIBLE_X=VALUE",
+                        help="an Ansible setting for every playbook (repeat for more)")
     args = parser.parse_args()
     if min(args.nodes) < 4:
         raise SystemExit("--nodes: at least 4 (3 control planes and a worker)")
     os.environ.setdefault("ANSIBLE_FORCE_COLOR", "0")
+    env = lever_environment(args.lever, args.ansible)
     from gpuboot import matrix
     packages = bundle(matrix.load(RELEASE).kubernetes.version)
     workdir = Path(tempfile.mkdtemp(prefix="gpuboot-up-scale-"))
     results = []
     for nodes in sorted(args.nodes):
-        results.append(one_size(nodes, args.subnet, packages, workdir, forced=not args.skip_forced))
+        results.append(one_size(nodes, args.subnet, packages, workdir, env, forced=not args.skip_forced))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     summary = {"machine": f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') >> 30} GiB",
-               "sizes": results}
+               "commit": commit(),
+               "lever": args.lever, "ansible": args.ansible, "sizes": results}
     if len(results) > 1:
         small, large = results[0], results[-1]
         extra = large["nodes"] - small["nodes"]
@@ -153,8 +294,14 @@ def main() -> None:
             phase: round((large["first"]["phases"][phase]["seconds"] - small["first"]["phases"][phase]["seconds"])
                          / extra, 2)
             for phase in NODE_PREP if phase in large["first"]["phases"] and phase in small["first"]["phases"]}
+        summary["marginal_control_cpu_per_node"] = round(
+            (large["first"]["control_cpu"] - small["first"]["control_cpu"]) / extra, 2)
+        summary["marginal_host_tasks_per_node"] = round(
+            (large["first"]["host_tasks"] - small["first"]["host_tasks"]) / extra, 1)
     text = json.dumps(summary, indent=2)
     print(text)
+    if args.markdown:
+        print("\n" + markdown(summary, "python -m tests.bench.up_scale " + " ".join(sys.argv[1:])))
     if args.out:
         args.out.write_text(text + "\n")
 
