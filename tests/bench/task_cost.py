@@ -92,6 +92,8 @@ def ansible_cfg(workdir: Path, variant: str) -> Path:
 def measured_run(variant: str, book: Path, inventory: Path, workdir: Path, core_venv: Path | None) -> float:
     """Control CPU-seconds of one run of `book`, everything it started included."""
     env = {"ANSIBLE_CONFIG": str(ansible_cfg(workdir, variant)), "ANSIBLE_NOCOLOR": "1",
+           # ansible-runner finds ansible-playbook on PATH: this venv's, as gpuboot does.
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(workdir / "cp" / f"{variant}-{time.monotonic_ns()}")}
     if variant == "mitogen":
         env.update(mitogen_settings())
