@@ -22,13 +22,12 @@ import configparser
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.bench.up_scale import GPUBOOT, ROOT, control_cgroup, gpuboot, mitogen_settings
+from tests.bench.up_scale import ROOT, gpuboot, mitogen_settings, run_measured
 
 LAB = "taskcost"
 # Variants that change one ansible.cfg setting of gpuboot's: (section, key, value).
@@ -106,15 +105,9 @@ def measured_run(variant: str, book: Path, inventory: Path, workdir: Path, core_
     else:
         private = Path(tempfile.mkdtemp(prefix="runner-", dir=workdir))
         command = [sys.executable, "-c", RUNNER, str(private), str(book), str(inventory), json.dumps(env)]
-    cgroup = control_cgroup()
-    if cgroup is None:
+    proc, cpu = run_measured(command, env={**os.environ, **env})
+    if cpu is None:
         raise SystemExit("this benchmark needs a cgroup of its own (cgroup v1 cpuacct or v2) to count ssh")
-    try:
-        proc = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True,
-                              preexec_fn=cgroup.enter)
-        cpu = cgroup.cpu_seconds()
-    finally:
-        cgroup.close()
     if proc.returncode != 0:
         raise SystemExit(f"{variant}: the playbook failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return cpu
@@ -158,8 +151,7 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     finally:
         gpuboot("lab", "down", "--name", LAB, check=False)
-    summary = {"machine": f"{os.cpu_count()} cores", "nodes": args.nodes, "tasks": args.tasks,
-               "gpuboot": str(GPUBOOT), "results": results}
+    summary = {"machine": f"{os.cpu_count()} cores", "nodes": args.nodes, "tasks": args.tasks, "results": results}
     text = json.dumps(summary, indent=2)
     print(text)
     if args.out:

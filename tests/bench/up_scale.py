@@ -123,6 +123,19 @@ def control_cgroup() -> ControlCgroup | None:
         return None
 
 
+def run_measured(command: list[str], **kwargs) -> tuple[subprocess.CompletedProcess[str], float | None]:
+    """`command`'s result and the CPU-seconds of everything it started, counted in a cgroup of
+    its own (None where none can be made)."""
+    cgroup = control_cgroup()
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True,
+                              preexec_fn=cgroup.enter if cgroup else None, **kwargs)
+        return proc, cgroup.cpu_seconds() if cgroup else None
+    finally:
+        if cgroup:
+            cgroup.close()
+
+
 def host_tasks(events: list[dict]) -> int:
     """Every task's result on every host, over the phases' playbooks."""
     return sum(counts["ok"] + counts["failed"] + counts["skipped"] + counts["unreachable"]
@@ -131,17 +144,10 @@ def host_tasks(events: list[dict]) -> int:
 
 def timed_up(inventory: Path, env: dict[str, str], *extra: str) -> dict:
     nodes_before = node_cpu_seconds()
-    cgroup = control_cgroup()
     started = time.monotonic()
-    try:
-        proc = subprocess.run([sys.executable, "-c", MEASURED, "up", str(inventory), "--to", NODE_PREP[-1],
-                               "--output", "json", *extra], cwd=ROOT, capture_output=True, text=True, env=env,
-                              preexec_fn=cgroup.enter if cgroup else None)
-        wall = time.monotonic() - started
-        control_cpu = cgroup.cpu_seconds() if cgroup else None
-    finally:
-        if cgroup:
-            cgroup.close()
+    proc, control_cpu = run_measured([sys.executable, "-c", MEASURED, "up", str(inventory), "--to", NODE_PREP[-1],
+                                      "--output", "json", *extra], cwd=ROOT, env=env)
+    wall = time.monotonic() - started
     nodes_after = node_cpu_seconds()
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     usage = json.loads(proc.stderr.strip().splitlines()[-1])
