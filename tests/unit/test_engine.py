@@ -3,6 +3,7 @@ from __future__ import annotations
 import shutil
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,7 +11,7 @@ from gpuboot.config.loader import load_cluster
 from gpuboot.errors import LockedError
 from gpuboot.events import PhaseSkipped, PhaseStarted, RunFinished, TaskStarted
 from gpuboot.phases.catalog import UP
-from gpuboot.phases.engine import Engine, RunOptions
+from gpuboot.phases.engine import Engine, RunOptions, forks_for
 from gpuboot.state import ClusterState
 from tests.doubles.runner_double import RunnerDouble, ScriptedPhase
 
@@ -353,3 +354,15 @@ def test_plan_says_where_a_repair_of_a_converged_phase_would_run(cluster, tmp_pa
     assert actions["os_prep"].endswith("; else on the hosts that lost it"), actions
     assert actions["workers_join"].endswith("; else on the hosts that lost it and cp01, which it needs"), actions
     assert actions["cni"].endswith("; else on every host (one host's result depends on every other's)"), actions
+
+
+@pytest.mark.parametrize(("nodes", "forks"), [(1, 1), (5, 5), (50, 50), (256, 256), (2000, 256)])
+def test_ansible_gets_one_fork_per_node_up_to_the_cap(nodes, forks):
+    # fewer forks than hosts makes Ansible poll for a free worker: CPU the control machine pays per node
+    assert forks_for(SimpleNamespace(nodes=[object()] * nodes)) == forks
+
+
+def test_every_playbook_of_a_run_gets_the_forks_of_the_cluster(cluster, tmp_path):
+    runner = RunnerDouble()
+    run(cluster, tmp_path, runner)
+    assert runner.calls and {call.forks for call in runner.calls} == {len(cluster.nodes)}

@@ -5,7 +5,6 @@ unchanged and its hosts still show its result (see convergence.py); --force runs
 anyway, and every playbook converges from the hosts' real state."""
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -81,11 +80,16 @@ def ssh_defaults(cluster: Cluster) -> dict[str, str]:
     return env
 
 
+# Ansible's workers at once: a forked Python process each, most of it shared with its parent.
+FORKS_CAP = 256
+
+
 def forks_for(cluster: Cluster) -> int:
-    """Parallel SSH sessions: one per node, capped by what this control machine can carry
-    (each fork is a Python process of ~60 MB and some CPU)."""
-    carry = max(8, min(64, 8 * (os.cpu_count() or 1)))
-    return max(1, min(len(cluster.nodes), carry))
+    """One worker per node. With fewer forks than hosts, Ansible's task queue polls for a free
+    worker every 0.1 ms for as long as the busy ones run, which costs the control machine more
+    CPU per node than the work itself as the fleet grows (docs/benchmarks.md: -16 % of the
+    control CPU at 20 nodes on 2 cores). A fleet past the cap is a case for executors."""
+    return max(1, min(len(cluster.nodes), FORKS_CAP))
 
 
 @dataclass
