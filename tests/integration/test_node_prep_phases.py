@@ -134,6 +134,17 @@ def test_gpuboot_killed_at_a_boundary_and_mid_phase_then_a_plain_up_converges(la
     skipped = [e["phase"] for e in events if e["event"] == "PhaseSkipped"]
     assert skipped[-4:] == ["preflight", "os_prep", "container_runtime", "kube_packages"], skipped
 
+    # kube_packages installs from the package source container_runtime writes: a node that lost
+    # it runs container_runtime again, alone, and kube_packages stays skipped.
+    lost = sorted(lab["state"].addresses)[-1]
+    assert ssh(lab, lost, "rm /etc/apt/sources.list.d/gpuboot-mirror.list").returncode == 0
+    assert run(["up", inventory, "--to", "kube_packages", "--output", "json"]) == 0
+    events = events_of(capsys.readouterr().out)
+    assert [e["phase"] for e in events if e["event"] == "PhaseFinished"] == ["preflight", "container_runtime"]
+    assert {h for e in events if e["event"] == "PlaybookStats" for h in e["hosts"]} == {lost}
+    source = ssh(lab, lost, "cat /etc/apt/sources.list.d/gpuboot-mirror.list")
+    assert source.stdout.strip() == "deb [trusted=yes] file:/srv/gpuboot-standin ./", source.stdout + source.stderr
+
 
 def test_four_phases_converge_then_a_second_run_changes_nothing(lab, prepared_inventory, capsys):
     inventory = str(prepared_inventory)

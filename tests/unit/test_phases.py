@@ -69,7 +69,7 @@ def test_phases_say_when_they_are_not_built_for_the_settings():
 def test_phase_roles_come_from_its_playbook():
     by = {p.name: p for p in UP}
     assert by["container_runtime"].roles == ("package_source", "container_runtime")
-    assert by["kube_packages"].roles == ("package_source", "kube_packages")
+    assert by["kube_packages"].roles == ("kube_packages",)
     assert by["control_plane_join"].roles == ("kubeadm_join",)
     assert "bridge_cni" in by["cni"].roles
 

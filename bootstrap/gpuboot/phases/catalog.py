@@ -215,6 +215,9 @@ def _endpoint_unbuilt(settings: GpubootSettings) -> str | None:
     return "kube_vip is not built yet" if settings.control_plane.mode == "kube_vip" else None
 
 
+# package_source's files (whichever the node's family has; a path that is not there is not
+# recorded, so a node without a mirror source has none to lose).
+PACKAGE_SOURCE = ("/etc/apt/sources.list.d/gpuboot-mirror.list", "/etc/yum.repos.d/gpuboot-mirror.repo")
 KUBELET = Result(present=("/etc/kubernetes/kubelet.conf",), services=("kubelet",), cis_modes=("node",))
 
 UP: tuple[Phase, ...] = (
@@ -225,8 +228,9 @@ UP: tuple[Phase, ...] = (
     Phase("os_prep", "OS preparation", "os_prep.yml",
           Result(files=("/etc/modules-load.d/gpuboot.conf", "/etc/sysctl.d/90-gpuboot.conf",
                         "/etc/modprobe.d/gpuboot-blacklist-nouveau.conf"))),
+    # It writes the package source kube_packages installs from too: a lost source runs it again.
     Phase("container_runtime", "Container runtime (containerd)", "container_runtime.yml",
-          Result(files=("/etc/containerd/config.toml", "/etc/containerd/certs.d/*/hosts.toml"),
+          Result(files=("/etc/containerd/config.toml", "/etc/containerd/certs.d/*/hosts.toml", *PACKAGE_SOURCE),
                  services=("containerd",))),
     Phase("kube_packages", "Pinned kubeadm, kubelet, kubectl", "kube_packages.yml",
           Result(files=("/usr/bin/kubeadm", "/usr/bin/kubelet", "/usr/bin/kubectl")), installs_packages=True),
