@@ -366,3 +366,25 @@ def test_every_playbook_of_a_run_gets_the_forks_of_the_cluster(cluster, tmp_path
     runner = RunnerDouble()
     run(cluster, tmp_path, runner)
     assert runner.calls and {call.forks for call in runner.calls} == {len(cluster.nodes)}
+
+
+def test_node_local_phases_go_to_the_executors_with_their_hosts_named(cluster, tmp_path):
+    """With gpuboot.executors, os_prep's playbook goes to the split runner with every host it
+    runs on named (each share is its hosts); preflight (it compares hosts) and the bookkeeping
+    stay on the control machine."""
+    from gpuboot.config.model import Executor
+    settings = cluster.settings.model_copy(update={"executors": [Executor(name="ex1", address="192.0.2.1")]})
+    cluster = cluster.model_copy(update={"settings": settings})
+    runner = RunnerDouble()
+    split = RunnerDouble(hosts=runner.hosts)
+    state = ClusterState.for_cluster(tmp_path, cluster.settings.cluster_name)
+    events = []
+    engine = Engine(cluster, state, RunOptions(), events.append, runner=runner, split=split)
+    assert engine.run(PHASES).status == "ok"
+    started = next(e for e in events if isinstance(e, PhaseStarted) and e.phase == "os_prep")
+    assert started.reason.endswith(f"; on the executors ex1 ({len(started.hosts)} hosts)"), started.reason
+    assert [c.playbook.name for c in split.calls] == ["os_prep.yml"]
+    os_prep = next(p for p in UP if p.name == "os_prep")
+    assert split.calls[0].limit == tuple(os_prep.hosts_in(cluster))
+    assert "os_prep.yml" not in [c.playbook.name for c in runner.calls]
+    assert "preflight.yml" in [c.playbook.name for c in runner.calls]

@@ -81,3 +81,20 @@ def test_a_certificate_may_be_public_but_must_be_a_file(site):
     load_cluster(write(ca_file="ca.crt"), check_files=True)
     problem = _problem(write(ca_file="secrets"), "gpuboot.mirror.ca_file")
     assert problem.message == "secrets is not a regular file"
+
+
+def test_an_executor_key_is_a_secret_located_at_its_executor(site):
+    folder, _, write = site
+    path = write()
+    data = yaml.safe_load(path.read_text())
+    key = folder / "secrets" / "executor_ed25519"
+    key.write_text("PLANTED")
+    key.chmod(0o640)
+    data["all"]["vars"]["gpuboot"]["executors"] = [{"name": "ex1", "address": "10.0.0.9"},
+                                                   {"name": "ex2", "address": "10.0.0.10",
+                                                    "private_key_file": "secrets/executor_ed25519"}]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    problem = _problem(path, "gpuboot.executors[1].private_key_file")
+    assert "readable by others (mode 0640)" in problem.message and problem.fix == f"chmod 600 {key}"
+    key.chmod(0o600)
+    assert [e.name for e in load_cluster(path, check_files=True).settings.executors] == ["ex1", "ex2"]

@@ -1,4 +1,5 @@
-"""The only module that imports ansible_runner.
+"""Runs playbooks on the control machine; with executors.py (the same runs streamed to
+execution nodes), the only modules that import ansible_runner.
 
 A PlaybookRun is data: the inventory path and extravars are passed as such (never as
 `-e key=value` strings), env files are suppressed so nothing secret is written beside

@@ -222,12 +222,15 @@ def references(settings: GpubootSettings, nodes: list[Node], where: Where, inven
             (("mirror", "packages_key_file"), mirror.packages_key_file),
             (("mirror", "tls_cert_file"), mirror.tls_cert_file),
             (("mirror", "tls_key_file"), mirror.tls_key_file)]
+    refs += [(("executors", index, "private_key_file"), executor.private_key_file)
+             for index, executor in enumerate(settings.executors)]
     if settings.gitops:
         refs.append((("gitops", "credentials_file"), settings.gitops.credentials_file))
         refs.append((("gitops", "known_hosts_file"), settings.gitops.known_hosts_file))
     for path, value in refs:
         if value:
-            found = _file_problem(value, inventory.parent, secret=path in SECRET_FILES)
+            secret = path in SECRET_FILES or path[-1] == "private_key_file"
+            found = _file_problem(value, inventory.parent, secret=secret)
             if found:
                 problems.append(Problem(where.file, where.child(*path).line, dotted("gpuboot", *path), *found))
     return problems

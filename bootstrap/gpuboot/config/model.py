@@ -145,6 +145,25 @@ class Ssh(Strict):
     host_key_checking: bool = True
 
 
+class Executor(Strict):
+    """An execution node: a machine that runs Ansible for a share of the nodes in the phases
+    that touch each node alone (os_prep, container_runtime, kube_packages), reached over SSH
+    with `ansible-runner worker` installed (the same ansible-core and ansible-runner as the
+    control machine). The control machine streams each share's work to it and reads back one
+    stream of events (docs/executors.md)."""
+
+    name: DnsLabel
+    address: Annotated[str, Field(pattern=HOST_NAME, max_length=253)]
+    # Unset: gpuboot.ssh's user, port and key.
+    user: Annotated[str, Field(pattern=UNIX_USER)] | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    private_key_file: FilePath | None = None
+    # ansible-runner on the executor: a command on its PATH or a path.
+    runner: Annotated[str, Field(pattern=COMMAND)] = "ansible-runner"
+    # Where each share's work is unpacked (then deleted): an absolute path on the executor.
+    work_dir: Annotated[str, Field(pattern=r"^/[^\x00-\x1f\x7f\s]*$", max_length=60)] = "/var/tmp/gpuboot-executor"
+
+
 class Tools(Strict):
     """Programs gpuboot runs on the control machine (never on a node)."""
 
@@ -356,9 +375,20 @@ class GpubootSettings(Strict):
     gitops: GitOps | None = None
     tenants: list[Tenant] = []
     kai_scheduler: KaiScheduler = KaiScheduler()
+    # Execution nodes for fleets past one control machine: the node-local phases' hosts are
+    # split among them (docs/executors.md). Empty: everything runs on the control machine.
+    executors: list[Executor] = []
     # Ansible host patterns (hosts or groups) of the inventory that gpuboot leaves alone:
     # monitoring boxes, storage, ... Every other host must be in a gpuboot group.
     ignored_hosts: list[Annotated[str, Field(pattern=HOST_PATTERN)]] = []
+
+    @model_validator(mode="after")
+    def _executors_unique(self) -> GpubootSettings:
+        names = [e.name for e in self.executors]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"executors: {', '.join(twice)} named more than once; give each executor its own name")
+        return self
 
 
 DriverKind = Literal["container", "precompiled", "preinstalled"]

@@ -87,6 +87,9 @@ class Phase:
     # position). False where one host's result depends on every other's (the bridge CNI's
     # static routes name every node's pod CIDR).
     repairs_per_host: bool = True
+    # Each host's work needs no other host (no play picks a host by position, no task reads
+    # another host's facts): with gpuboot.executors its hosts are split among them.
+    node_local: bool = False
 
     def idle(self, cluster: Cluster) -> str | None:
         return self.idle_when(cluster)
@@ -227,13 +230,14 @@ UP: tuple[Phase, ...] = (
     Phase("preflight", "Preflight checks", "preflight.yml", read_only=True),
     Phase("os_prep", "OS preparation", "os_prep.yml",
           Result(files=("/etc/modules-load.d/gpuboot.conf", "/etc/sysctl.d/90-gpuboot.conf",
-                        "/etc/modprobe.d/gpuboot-blacklist-nouveau.conf"))),
+                        "/etc/modprobe.d/gpuboot-blacklist-nouveau.conf")), node_local=True),
     # It writes the package source kube_packages installs from too: a lost source runs it again.
     Phase("container_runtime", "Container runtime (containerd)", "container_runtime.yml",
           Result(files=("/etc/containerd/config.toml", "/etc/containerd/certs.d/*/hosts.toml", *PACKAGE_SOURCE),
-                 services=("containerd",))),
+                 services=("containerd",)), node_local=True),
     Phase("kube_packages", "Pinned kubeadm, kubelet, kubectl", "kube_packages.yml",
-          Result(files=("/usr/bin/kubeadm", "/usr/bin/kubelet", "/usr/bin/kubectl")), installs_packages=True),
+          Result(files=("/usr/bin/kubeadm", "/usr/bin/kubelet", "/usr/bin/kubectl")), installs_packages=True,
+          node_local=True),
     Phase("ha_endpoint", "HA API endpoint (VIP)", "ha_endpoint.yml",
           Result(files=("/etc/haproxy/haproxy.cfg", "/etc/keepalived/keepalived.conf"),
                  services=("haproxy", "keepalived")), unbuilt=_endpoint_unbuilt),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuboot import content, processes
+from gpuboot.ansible.executors import SplitRunner, shares
 from gpuboot.ansible.runner import PlaybookResult, PlaybookRun, run_playbook
 from gpuboot.config.model import Cluster
 from gpuboot.errors import GpubootError, Interrupted, LockedError, PhaseFailed
@@ -103,9 +104,13 @@ class Engine:
     last_stats: PlaybookStats | None = None
     # Per phase that a repair runs on some of its hosts only: those hosts (see _plan).
     repairs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Runs the node-local phases on gpuboot.executors (None: there are none).
+    split: Runner | None = None
 
     def __post_init__(self) -> None:
         self.sink = tee(RunLog(), self.sink)
+        if self.split is None and self.cluster.settings.executors:
+            self.split = SplitRunner(self.cluster.settings.executors, self.cluster.settings.ssh)
 
     def _envvars(self, run_dir: Path) -> dict[str, str]:
         root = content.content_dir()
@@ -123,7 +128,8 @@ class Engine:
         return env
 
     def _playbook(self, playbook: Path, ident: str, run_dir: Path, run_id: str, extra: dict,
-                  sink: Callable[[Event], None], resume_phase: str, limit: tuple[str, ...] = ()) -> PlaybookResult:
+                  sink: Callable[[Event], None], resume_phase: str, limit: tuple[str, ...] = (),
+                  runner: Runner | None = None) -> PlaybookResult:
         request = PlaybookRun(
             playbook=playbook,
             inventory=Path(self.cluster.inventory).resolve(),
@@ -147,7 +153,7 @@ class Engine:
 
         def work() -> None:
             try:
-                outcome.append(self.runner(request, events.put, cancel))
+                outcome.append((runner or self.runner)(request, events.put, cancel))
             except BaseException as exc:  # surfaced in the main thread below
                 outcome.append(exc)
             finally:
@@ -376,12 +382,21 @@ class Engine:
         `position`: (its number, how many phases the run has)."""
         index, total = position
         on = list(self.repairs.get(phase.name, hosts))
+        split = phase.node_local and self.split is not None
+        if split:
+            why += "; on the executors " + ", ".join(
+                f"{executor.name} ({len(share)} hosts)" for executor, share in shares(on, self.cluster.settings.executors))
         self.sink(PhaseStarted(phase.name, phase.title, on, index, total, why))
         t0 = time.monotonic()
         self.last_stats = None
         before = len(self.failures)
-        result = self._playbook(phase.path, phase.name, run_dir, run_id, phase_inputs(phase, self.cluster),
-                                self._phase_sink, phase.name, self._limit_for(phase))
+        if split:
+            # Split among the executors: each share's hosts are named, so the limit is the hosts.
+            result = self._playbook(phase.path, phase.name, run_dir, run_id, phase_inputs(phase, self.cluster),
+                                    self._phase_sink, phase.name, tuple(on), self.split)
+        else:
+            result = self._playbook(phase.path, phase.name, run_dir, run_id, phase_inputs(phase, self.cluster),
+                                    self._phase_sink, phase.name, self._limit_for(phase))
         progress.ran.append(phase.name)
         changed = sum(c.changed for c in (self.last_stats.hosts.values() if self.last_stats else []))
         self._ask_ssh_why(run_dir, run_id, phase.name, before)
