@@ -67,8 +67,8 @@ def request(tmp_path: Path, inv: Path, hosts: list[str]) -> PlaybookRun:
 
 def local_worker(tmp_path: Path) -> object:
     """A transport that starts the worker here, each share in a directory of its own."""
-    def transport(executor: Executor, ssh: Ssh, share_id: str, inventory_dir: Path) -> Transport:
-        worker_dir = str(tmp_path / "executors" / executor.name / share_id)
+    def transport(executor: Executor, ssh: Ssh, run_id: str, ident: str, inventory_dir: Path) -> Transport:
+        worker_dir = str(tmp_path / "executors" / executor.name / f"{run_id}-{ident}")
         return Transport(executor.name, (str(BIN / "ansible-runner"), "worker", "--private-data-dir", worker_dir,
                                          "--delete"), worker_dir, str(BIN))
     return transport
@@ -77,9 +77,9 @@ def local_worker(tmp_path: Path) -> object:
 def broken_worker(tmp_path: Path, broken: str) -> object:
     working = local_worker(tmp_path)
 
-    def transport(executor: Executor, ssh: Ssh, share_id: str, inventory_dir: Path) -> Transport:
+    def transport(executor: Executor, ssh: Ssh, run_id: str, ident: str, inventory_dir: Path) -> Transport:
         if executor.name != broken:
-            return working(executor, ssh, share_id, inventory_dir)
+            return working(executor, ssh, run_id, ident, inventory_dir)
         return Transport(executor.name, ("sh", "-c", "cat >/dev/null; echo 'ssh: connect to host ex2 port 22: "
                                          "Connection refused' >&2; exit 255"), "/nowhere")
     return transport
@@ -172,7 +172,7 @@ def test_shares_are_contiguous_and_even():
 def test_ssh_transport_keeps_host_key_checking_and_takes_the_executor_login():
     ssh = Ssh(user="ops", port=2222, private_key_file="/keys/nodes")
     own = Executor(name="ex1", address="10.0.0.9", user="runner", port=22, runner="/opt/ar/bin/ansible-runner")
-    transport = ssh_transport(own, ssh, "r1-os_prep-ex1", Path("/site"))
+    transport = ssh_transport(own, ssh, "r1", "os_prep-ex1", Path("/site"))
     argv = list(transport.argv)
     assert "StrictHostKeyChecking=yes" in argv and "BatchMode=yes" in argv
     assert argv[argv.index("-p") + 1] == "22" and argv[argv.index("-i") + 1] == "/keys/nodes"
@@ -180,9 +180,14 @@ def test_ssh_transport_keeps_host_key_checking_and_takes_the_executor_login():
     assert argv[-1] == ("/opt/ar/bin/ansible-runner worker --private-data-dir "
                         "/var/tmp/gpuboot-executor/r1-os_prep-ex1 --delete")
     assert transport.bin_dir == "/opt/ar/bin"
-    plain = ssh_transport(Executor(name="ex2", address="10.0.0.10", private_key_file="keys/ex"), ssh, "x", Path("/site"))
+    plain = ssh_transport(Executor(name="ex2", address="10.0.0.10", private_key_file="keys/ex",
+                                   known_hosts_file="keys/known_hosts"), ssh, "r1", "x", Path("/site"))
     assert "ops@10.0.0.10" in plain.argv and plain.argv[plain.argv.index("-p") + 1] == "2222"
     assert plain.bin_dir is None and plain.argv[plain.argv.index("-i") + 1] == "/site/keys/ex"
+    assert "UserKnownHostsFile=/site/keys/known_hosts" in plain.argv
+    assert "UserKnownHostsFile" not in " ".join(transport.argv)  # unset: the operator's own known_hosts
+    # The worker's masters to the nodes: one directory per run, short for the socket path.
+    assert transport.control_path_dir == "/var/tmp/gpuboot-executor/cp/r1"
 
 
 def test_executor_names_are_unique():
@@ -192,6 +197,8 @@ def test_executor_names_are_unique():
                                            {"name": "ex1", "address": "10.0.0.2"}])
     with pytest.raises(ValueError):
         GpubootSettings(**base, executors=[{"name": "ex1", "address": "10.0.0.1", "work_dir": "relative/dir"}])
+    with pytest.raises(ValueError):  # too long for the ssh control sockets below it
+        GpubootSettings(**base, executors=[{"name": "ex1", "address": "10.0.0.1", "work_dir": "/" + "d" * 45}])
 
 
 def test_only_phases_whose_hosts_need_no_other_host_are_split():

@@ -44,23 +44,33 @@ class Transport:
     worker_dir: str
     # Where the worker's ansible-playbook is: beside its ansible-runner when that is a path.
     bin_dir: str | None = None
+    # The worker's ssh masters to the nodes: per run, shared by its shares (as on the control
+    # machine), short for the socket's path.
+    control_path_dir: str = ""
 
 
-def ssh_transport(executor: Executor, ssh: Ssh, share_id: str, inventory_dir: Path) -> Transport:
-    """ssh to the executor (its own user, port and key, else gpuboot.ssh's; a relative key is
+def ssh_transport(executor: Executor, ssh: Ssh, run_id: str, ident: str, inventory_dir: Path) -> Transport:
+    """ssh to the executor (its own user, port and key, else gpuboot.ssh's; relative files are
     the inventory folder's), host-key checking as for the nodes; the worker unpacks into a
     directory of the share's own and deletes it."""
-    worker_dir = f"{executor.work_dir.rstrip('/')}/{share_id}"
+    work = executor.work_dir.rstrip("/")
     argv = ["ssh", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={'yes' if ssh.host_key_checking else 'no'}",
             "-p", str(executor.port or ssh.port)]
+
+    def local(value: str) -> str:
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else inventory_dir / path)
+
     key = executor.private_key_file or ssh.private_key_file
     if key:
-        path = Path(key).expanduser()
-        argv += ["-i", str(path if path.is_absolute() else inventory_dir / path)]
+        argv += ["-i", local(key)]
+    if executor.known_hosts_file:
+        argv += ["-o", f"UserKnownHostsFile={local(executor.known_hosts_file)}"]
+    worker_dir = f"{work}/{run_id}-{ident}"
     remote = shlex.join([executor.runner, "worker", "--private-data-dir", worker_dir, "--delete"])
     argv += [f"{executor.user or ssh.user}@{executor.address}", "--", remote]
     bin_dir = str(Path(executor.runner).parent) if "/" in executor.runner else None
-    return Transport(executor.name, tuple(argv), worker_dir, bin_dir)
+    return Transport(executor.name, tuple(argv), worker_dir, bin_dir, f"{work}/cp/{run_id}")
 
 
 def shares(hosts: list[str], executors: list[Executor]) -> list[tuple[Executor, list[str]]]:
@@ -114,7 +124,7 @@ def stage(request: PlaybookRun, transport: Transport, into: Path) -> dict:
 
     env = {k: v for k, v in request.envvars.items() if k not in CONTROL_ONLY_ENV}
     env.update({"ANSIBLE_CONFIG": f"{worker}/project/ansible.cfg", "ANSIBLE_ROLES_PATH": f"{worker}/project/roles",
-                "ANSIBLE_SSH_CONTROL_PATH_DIR": f"{worker}/cp"})
+                "ANSIBLE_SSH_CONTROL_PATH_DIR": transport.control_path_dir or f"{worker}/cp"})
     if transport.bin_dir:
         env["PATH"] = f"{transport.bin_dir}:{SYSTEM_PATH}"
     key = env.get("ANSIBLE_PRIVATE_KEY_FILE")
@@ -223,7 +233,7 @@ class SplitRunner:
 
     executors: list[Executor]
     ssh: Ssh
-    transport: Callable[[Executor, Ssh, str, Path], Transport] = ssh_transport
+    transport: Callable[[Executor, Ssh, str, str, Path], Transport] = ssh_transport
 
     def __call__(self, request: PlaybookRun, on_event: Callable[[Event], None],
                  cancel: threading.Event | None = None) -> PlaybookResult:
@@ -242,8 +252,8 @@ class SplitRunner:
         def run(executor: Executor, share: list[str]) -> None:
             ident = f"{request.ident}-{executor.name}"
             inventory_dir = request.inventory if request.inventory.is_dir() else request.inventory.parent
-            share_id = f"{request.extravars.get('gpuboot_run_id', 'run')}-{ident}"
-            transport = self.transport(executor, self.ssh, share_id, inventory_dir)
+            run_id = str(request.extravars.get("gpuboot_run_id", "run"))
+            transport = self.transport(executor, self.ssh, run_id, ident, inventory_dir)
             result = run_streamed(replace(request, ident=ident, limit=tuple(share)), transport, share_events, cancel)
             with lock:
                 results.append(result)

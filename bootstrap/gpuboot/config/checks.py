@@ -222,8 +222,8 @@ def references(settings: GpubootSettings, nodes: list[Node], where: Where, inven
             (("mirror", "packages_key_file"), mirror.packages_key_file),
             (("mirror", "tls_cert_file"), mirror.tls_cert_file),
             (("mirror", "tls_key_file"), mirror.tls_key_file)]
-    refs += [(("executors", index, "private_key_file"), executor.private_key_file)
-             for index, executor in enumerate(settings.executors)]
+    refs += [(("executors", index, key), getattr(executor, key))
+             for index, executor in enumerate(settings.executors) for key in ("private_key_file", "known_hosts_file")]
     if settings.gitops:
         refs.append((("gitops", "credentials_file"), settings.gitops.credentials_file))
         refs.append((("gitops", "known_hosts_file"), settings.gitops.known_hosts_file))

@@ -158,10 +158,13 @@ class Executor(Strict):
     user: Annotated[str, Field(pattern=UNIX_USER)] | None = None
     port: int | None = Field(None, ge=1, le=65535)
     private_key_file: FilePath | None = None
+    # The executor's host key as ssh-keyscan prints it (unset: the operator's known_hosts).
+    known_hosts_file: FilePath | None = None
     # ansible-runner on the executor: a command on its PATH or a path.
     runner: Annotated[str, Field(pattern=COMMAND)] = "ansible-runner"
-    # Where each share's work is unpacked (then deleted): an absolute path on the executor.
-    work_dir: Annotated[str, Field(pattern=r"^/[^\x00-\x1f\x7f\s]*$", max_length=60)] = "/var/tmp/gpuboot-executor"
+    # Where each share's work is unpacked (then deleted): an absolute path on the executor,
+    # short enough for the ssh control sockets below it (a socket's path has 107 bytes).
+    work_dir: Annotated[str, Field(pattern=r"^/[^\x00-\x1f\x7f\s]*$", max_length=40)] = "/var/tmp/gpuboot-executor"
 
 
 class Tools(Strict):
