@@ -13,7 +13,13 @@ extra node. Not a test: run it by hand on an otherwise idle machine and record t
 docs/benchmarks.md.
 
     .venv/bin/python -m tests.bench.up_scale --nodes 5 20 50 [--out result.json] [--skip-forced]
-        [--lever mitogen] [--ansible ANSIBLE_STRATEGY=free ...]
+        [--lever mitogen] [--ansible ANSIBLE_STRATEGY=free ...] [--executors 2]
+
+`--executors N` is the split run (docs/executors.md): N executor containers on the lab's network
+(the lab's node image with sshd, this venv and its Python mounted read-only at the same paths,
+as an execution node would have them installed) are named in the inventory's
+gpuboot.executors, so the node-local phases run there; their CPU is reported apart from the
+control machine's and the nodes'.
 
 A lever is measured without changing the product: `--ansible` passes Ansible settings through
 the environment (gpuboot hands ANSIBLE_* on to its playbooks), and `--lever mitogen` runs
@@ -136,19 +142,93 @@ def run_measured(command: list[str], **kwargs) -> tuple[subprocess.CompletedProc
             cgroup.close()
 
 
+def container_cpu_seconds(name: str) -> float | None:
+    """One podman container's CPU-seconds so far, from its cgroup (v1 or v2)."""
+    found = subprocess.run(["podman", "inspect", "--format", "{{.State.CgroupPath}}", name],
+                           capture_output=True, text=True)
+    path = found.stdout.strip().lstrip("/")
+    if found.returncode != 0 or not path:
+        return None
+    v1, v2 = Path("/sys/fs/cgroup/cpuacct") / path / "cpuacct.usage", Path("/sys/fs/cgroup") / path / "cpu.stat"
+    if v1.is_file():
+        return int(v1.read_text()) / 1e9
+    if v2.is_file():
+        return int(next(line.split()[1] for line in v2.read_text().splitlines() if line.startswith("usage_usec"))) / 1e6
+    return None
+
+
+def executors_cpu_seconds(containers: list[str]) -> float | None:
+    readings = [container_cpu_seconds(c) for c in containers]
+    return None if not containers or None in readings else sum(readings)
+
+
+def start_executors(count: int, inventory: Path, workdir: Path) -> tuple[Path, list[str]]:
+    """`count` executor containers on the bench lab's network, reachable over ssh with the lab's
+    key and known by their host keys; returns the inventory that names them (gpuboot.executors)
+    and their containers (the lab's label: `lab down` removes them)."""
+    from ipaddress import ip_network
+
+    import yaml
+
+    from gpuboot_lab.cluster import LABEL, Lab
+    from gpuboot_lab.image import ensure_image
+    lab = Lab(ROOT / ".gpuboot" / "_lab" / LAB, log=lambda message: None)
+    state = lab.load()
+    image = ensure_image(lab.podman, lab.cache_dir, log=lambda message: None)
+    addresses = list(ip_network(state.spec.subnet).hosts())
+    python_home = Path(os.path.realpath(sys.executable)).parents[1]
+    venv = Path(sys.prefix)
+    add_hosts = [arg for name, ip in state.addresses.items() for arg in ("--add-host", f"{name}:{ip}")]
+    executors, containers, keys = [], [], []
+    for index in range(count):
+        name, address = f"ex{index + 1}", str(addresses[200 + index])
+        container = f"gpuboot-{LAB}-{name}"
+        lab.podman.run("run", "-d", "--name", container, "--hostname", f"{LAB}-{name}", "--label", f"{LABEL}={LAB}",
+                       "--network", state.network, "--ip", address, "--dns=none", *add_hosts, "--systemd=always",
+                       "--cap-add", "SYS_ADMIN,NET_ADMIN,NET_RAW",
+                       "-v", f"{lab.dir / 'authorized_keys'}:/root/.ssh/authorized_keys:ro",
+                       "-v", f"{python_home}:{python_home}:ro", "-v", f"{venv}:{venv}:ro",
+                       "-v", f"{lab.dir}:{lab.dir}:ro", image)
+        containers.append(container)
+        executors.append({"name": name, "address": address, "runner": str(venv / "bin" / "ansible-runner")})
+    deadline = time.monotonic() + 120
+    for executor in executors:
+        while True:
+            scan = subprocess.run(["ssh-keyscan", "-T", "3", "-t", "ed25519", executor["address"]],
+                                  capture_output=True, text=True)
+            lines = [line for line in scan.stdout.splitlines() if line and not line.startswith("#")]
+            if lines:
+                keys += lines
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"executor {executor['name']} ({executor['address']}) has no ssh after 120 s")
+            time.sleep(1)
+    known = workdir / "executors_known_hosts"
+    known.write_text("\n".join(keys) + "\n")
+    data = yaml.safe_load(inventory.read_text())
+    settings = data["all"]["vars"]["gpuboot"]
+    settings["executors"] = [{**e, "known_hosts_file": str(known)} for e in executors]
+    split = inventory.with_name(inventory.stem + f"-{count}-executors.yml")
+    split.write_text(yaml.safe_dump(data, sort_keys=False))
+    return split, containers
+
+
 def host_tasks(events: list[dict]) -> int:
     """Every task's result on every host, over the phases' playbooks."""
     return sum(counts["ok"] + counts["failed"] + counts["skipped"] + counts["unreachable"]
                for e in events if e["event"] == "PlaybookStats" for counts in e["hosts"].values())
 
 
-def timed_up(inventory: Path, env: dict[str, str], *extra: str) -> dict:
+def timed_up(inventory: Path, env: dict[str, str], *extra: str, executors: tuple[str, ...] = ()) -> dict:
+    executors_before = executors_cpu_seconds(list(executors))
     nodes_before = node_cpu_seconds()
     started = time.monotonic()
     proc, control_cpu = run_measured([sys.executable, "-c", MEASURED, "up", str(inventory), "--to", NODE_PREP[-1],
                                       "--output", "json", *extra], cwd=ROOT, env=env)
     wall = time.monotonic() - started
     nodes_after = node_cpu_seconds()
+    executors_after = executors_cpu_seconds(list(executors))
+    executors_cpu = (executors_after - executors_before) if executors_before is not None else None
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     usage = json.loads(proc.stderr.strip().splitlines()[-1])
     if proc.returncode != 0:
@@ -167,7 +247,12 @@ def timed_up(inventory: Path, env: dict[str, str], *extra: str) -> dict:
             "gpuboot_cpu": round(usage["gpuboot_cpu"], 1), "ansible_cpu": round(usage["ansible_cpu"], 1),
             "gpuboot_cpu_share": round(usage["gpuboot_cpu"] / wall, 3),
             "gpuboot_peak_mib": usage["gpuboot_peak_mib"], "child_peak_mib": usage["child_peak_mib"],
-            "nodes_cpu": round(nodes_after - nodes_before, 1) if nodes_before is not None else None}
+            # The executors are containers too: the nodes' figure leaves their CPU out.
+            "nodes_cpu": (round(nodes_after - nodes_before - (executors_cpu or 0), 1)
+                          if nodes_before is not None else None),
+            "executors_cpu": round(executors_cpu, 1) if executors_cpu is not None else None,
+            "on_executors": sorted({p for e in events if e["event"] == "PhaseStarted"
+                                    and "on the executors" in e.get("reason", "") for p in [e["phase"]]})}
 
 
 def mitogen_settings() -> dict[str, str]:
@@ -220,20 +305,28 @@ def lab_cluster(nodes: int, subnet: str, packages: Path, workdir: Path) -> Itera
 
 
 def one_size(nodes: int, subnet: str, packages: Path, workdir: Path, env: dict[str, str],
-             forced: bool = True) -> dict:
+             forced: bool = True, executors: int = 0) -> dict:
     with lab_cluster(nodes, subnet, packages, workdir) as (inventory, lab_seconds):
-        result = {"nodes": nodes, "lab_up_seconds": round(lab_seconds, 1)}
-        result["first"] = timed_up(inventory, env)
-        result["rerun"] = timed_up(inventory, env)
+        result = {"nodes": nodes, "lab_up_seconds": round(lab_seconds, 1), "executors": executors}
+        containers: list[str] = []
+        if executors:
+            inventory, containers = start_executors(executors, inventory, workdir)
+        on = tuple(containers)
+        result["first"] = timed_up(inventory, env, executors=on)
+        if executors and result["first"]["on_executors"] != ["os_prep", "container_runtime", "kube_packages"]:
+            raise SystemExit(f"the split run ran {result['first']['on_executors']} on the executors")
+        result["rerun"] = timed_up(inventory, env, executors=on)
         first = result["first"]["wall"]
         result["rerun_share"] = round(result["rerun"]["wall"] / first, 3)
         if forced:
-            result["forced"] = timed_up(inventory, env, "--force")
+            result["forced"] = timed_up(inventory, env, "--force", executors=on)
             result["forced_share"] = round(result["forced"]["wall"] / first, 3)
         result["cpu_seconds_per_node"] = round(result["first"]["control_cpu"] / nodes, 2)
         result["host_tasks_per_node"] = round(result["first"]["host_tasks"] / nodes, 1)
         if result["first"]["nodes_cpu"] is not None:
             result["node_cpu_seconds_per_node"] = round(result["first"]["nodes_cpu"] / nodes, 2)
+        if result["first"]["executors_cpu"] is not None:
+            result["executor_cpu_seconds_per_node"] = round(result["first"]["executors_cpu"] / nodes, 2)
         return result
 
 
@@ -254,10 +347,12 @@ def markdown(summary: dict, command: str) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for size in summary["sizes"]:
         first, rerun = size["first"], size["rerun"]
+        on_executors = (f" (+ {size['executor_cpu_seconds_per_node']} s on {size['executors']} executors)"
+                        if size.get("executor_cpu_seconds_per_node") is not None else "")
         lines.append(
             f"| {size['nodes']} | {first['wall']:,.0f} s | {first['changed']} | {size['host_tasks_per_node']} "
             f"| {first['control_cpu']:,.1f} s | {size['cpu_seconds_per_node']} s "
-            f"| {size.get('node_cpu_seconds_per_node', '-')} s "
+            f"| {size.get('node_cpu_seconds_per_node', '-')} s{on_executors} "
             f"| {rerun['wall']} s ({size['rerun_share']:.1%}), {rerun['changed']} changed "
             f"| {first['gpuboot_peak_mib']} / {first['child_peak_mib']} MiB |")
     if "marginal_control_cpu_per_node" in summary:
@@ -277,6 +372,8 @@ def main() -> None:
     parser.add_argument("--lever", choices=["mitogen"], help="run every playbook under this strategy")
     parser.add_argument("--ansible", action="append", default=[], metavar="ANSIBLE_X=VALUE",
                         help="an Ansible setting for every playbook (repeat for more)")
+    parser.add_argument("--executors", type=int, default=0, metavar="N",
+                        help="the split run: the node-local phases on N executor containers")
     args = parser.parse_args()
     if min(args.nodes) < 4:
         raise SystemExit("--nodes: at least 4 (3 control planes and a worker)")
@@ -287,11 +384,12 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="gpuboot-up-scale-"))
     results = []
     for nodes in sorted(args.nodes):
-        results.append(one_size(nodes, args.subnet, packages, workdir, env, forced=not args.skip_forced))
+        results.append(one_size(nodes, args.subnet, packages, workdir, env, forced=not args.skip_forced,
+                                executors=args.executors))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     summary = {"machine": f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') >> 30} GiB",
                "commit": commit(),
-               "lever": args.lever, "ansible": args.ansible, "sizes": results}
+               "lever": args.lever, "ansible": args.ansible, "executors": args.executors, "sizes": results}
     if len(results) > 1:
         small, large = results[0], results[-1]
         extra = large["nodes"] - small["nodes"]

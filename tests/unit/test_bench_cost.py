@@ -107,3 +107,20 @@ def test_the_rows_for_the_docs_carry_date_commit_machine_command_and_every_size(
     rows = [line for line in table.splitlines() if line.startswith("| 5 ") or line.startswith("| 10 ")]
     assert len(rows) == 2 and "| 50.0 s | 10.0 s |" in rows[0] and "| 90.0 s | 9.0 s |" in rows[1]
     assert "Per extra node: 8.0 control CPU-seconds, 83.0 host-tasks" in text
+
+
+def test_the_split_run_row_puts_the_executors_cpu_beside_the_nodes():
+    size = {"nodes": 10, "executors": 2, "first": {"wall": 150.0, "changed": 200, "control_cpu": 12.0,
+                                                   "gpuboot_peak_mib": 63, "child_peak_mib": 70},
+            "rerun": {"wall": 6.0, "changed": 0}, "rerun_share": 0.04, "host_tasks_per_node": 70.0,
+            "cpu_seconds_per_node": 1.2, "node_cpu_seconds_per_node": 30.0, "executor_cpu_seconds_per_node": 6.5}
+    text = up_scale.markdown({"machine": "2 cores", "commit": "abc1234", "sizes": [size]}, "up_scale --executors 2")
+    row = next(line for line in text.splitlines() if line.startswith("| 10 "))
+    assert "| 12.0 s | 1.2 s | 30.0 s (+ 6.5 s on 2 executors) |" in row
+
+
+def test_a_container_without_a_cgroup_reading_gives_no_figure(monkeypatch):
+    monkeypatch.setattr(up_scale.subprocess, "run", lambda *a, **k: up_scale.subprocess.CompletedProcess(a, 125, "", ""))
+    assert up_scale.container_cpu_seconds("gpuboot-bench-ex1") is None
+    assert up_scale.executors_cpu_seconds(["gpuboot-bench-ex1"]) is None
+    assert up_scale.executors_cpu_seconds([]) is None
