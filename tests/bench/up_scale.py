@@ -251,8 +251,8 @@ def timed_up(inventory: Path, env: dict[str, str], *extra: str, executors: tuple
             "nodes_cpu": (round(nodes_after - nodes_before - (executors_cpu or 0), 1)
                           if nodes_before is not None else None),
             "executors_cpu": round(executors_cpu, 1) if executors_cpu is not None else None,
-            "on_executors": sorted({p for e in events if e["event"] == "PhaseStarted"
-                                    and "on the executors" in e.get("reason", "") for p in [e["phase"]]})}
+            "on_executors": [e["phase"] for e in events
+                             if e["event"] == "PhaseStarted" and "on the executors" in e.get("reason", "")]}
 
 
 def mitogen_settings() -> dict[str, str]:
@@ -313,7 +313,7 @@ def one_size(nodes: int, subnet: str, packages: Path, workdir: Path, env: dict[s
             inventory, containers = start_executors(executors, inventory, workdir)
         on = tuple(containers)
         result["first"] = timed_up(inventory, env, executors=on)
-        if executors and result["first"]["on_executors"] != ["os_prep", "container_runtime", "kube_packages"]:
+        if executors and result["first"]["on_executors"] != list(NODE_PREP[1:]):
             raise SystemExit(f"the split run ran {result['first']['on_executors']} on the executors")
         result["rerun"] = timed_up(inventory, env, executors=on)
         first = result["first"]["wall"]
