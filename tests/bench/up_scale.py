@@ -129,17 +129,58 @@ def control_cgroup() -> ControlCgroup | None:
         return None
 
 
-def run_measured(command: list[str], **kwargs) -> tuple[subprocess.CompletedProcess[str], float | None]:
-    """`command`'s result and the CPU-seconds of everything it started, counted in a cgroup of
-    its own (None where none can be made)."""
+# The events at which the control machine's CPU is read, to say which step of a run spent it.
+MARKS = ("RunStarted", "PhaseStarted", "PhaseSkipped", "PhaseFinished", "RunFinished")
+
+
+def run_measured(command: list[str], **kwargs) -> tuple[subprocess.CompletedProcess[str], float | None, list]:
+    """`command`'s result, the CPU-seconds of everything it started, counted in a cgroup of its
+    own (None where none can be made), and that count read at each of its run's MARKS events as
+    they stream ([event, phase, seconds], for the profile)."""
     cgroup = control_cgroup()
+    marks: list = []
     try:
-        proc = subprocess.run(command, capture_output=True, text=True,
-                              preexec_fn=cgroup.enter if cgroup else None, **kwargs)
-        return proc, cgroup.cpu_seconds() if cgroup else None
+        with tempfile.TemporaryFile("w+") as errors:
+            child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True,
+                                     preexec_fn=cgroup.enter if cgroup else None, **kwargs)
+            lines = []
+            for line in child.stdout:
+                lines.append(line)
+                if cgroup and line.startswith("{"):
+                    event = json.loads(line)
+                    if event["event"] in MARKS:
+                        marks.append([event["event"], event.get("phase"), cgroup.cpu_seconds()])
+            child.wait()
+            errors.seek(0)
+            proc = subprocess.CompletedProcess(command, child.returncode, "".join(lines), errors.read())
+        return proc, cgroup.cpu_seconds() if cgroup else None, marks
     finally:
         if cgroup:
             cgroup.close()
+
+
+def cpu_by_step(marks: list, total: float | None) -> dict[str, float]:
+    """The control machine's CPU-seconds by step of one run: `start` (reading and checking the
+    inventory, to RunStarted), `lock and probe` (gpuboot's state run on the hosts, to the plan's
+    first phase event), each phase that ran, `between phases`, `record and unlock` (the state run
+    at the end, to RunFinished) and `exit`."""
+    if not marks or total is None:
+        return {}
+    profile: dict[str, float] = {"start": marks[0][2]}
+    previous, started, planned = marks[0][2], None, False
+    for event, phase, seconds in marks[1:]:
+        if event == "RunFinished":
+            step = "record and unlock"
+        elif not planned:
+            step, planned = "lock and probe", True
+        elif event == "PhaseFinished" and phase == started:
+            step = phase
+        else:
+            step = "between phases"
+        profile[step] = profile.get(step, 0.0) + seconds - previous
+        previous, started = seconds, (phase if event == "PhaseStarted" else None)
+    profile["exit"] = total - previous
+    return {step: round(cpu, 1) for step, cpu in profile.items()}
 
 
 def container_cpu_seconds(name: str) -> float | None:
@@ -163,54 +204,13 @@ def executors_cpu_seconds(containers: list[str]) -> float | None:
 
 
 def start_executors(count: int, inventory: Path, workdir: Path) -> tuple[Path, list[str]]:
-    """`count` executor containers on the bench lab's network, reachable over ssh with the lab's
-    key and known by their host keys; returns the inventory that names them (gpuboot.executors)
-    and their containers (the lab's label: `lab down` removes them)."""
-    from ipaddress import ip_network
-
-    import yaml
-
-    from gpuboot_lab.cluster import LABEL, Lab
-    from gpuboot_lab.image import ensure_image
-    lab = Lab(ROOT / ".gpuboot" / "_lab" / LAB, log=lambda message: None)
-    state = lab.load()
-    image = ensure_image(lab.podman, lab.cache_dir, log=lambda message: None)
-    addresses = list(ip_network(state.spec.subnet).hosts())
-    python_home = Path(os.path.realpath(sys.executable)).parents[1]
-    venv = Path(sys.prefix)
-    add_hosts = [arg for name, ip in state.addresses.items() for arg in ("--add-host", f"{name}:{ip}")]
-    executors, containers, keys = [], [], []
-    for index in range(count):
-        name, address = f"ex{index + 1}", str(addresses[200 + index])
-        container = f"gpuboot-{LAB}-{name}"
-        lab.podman.run("run", "-d", "--name", container, "--hostname", f"{LAB}-{name}", "--label", f"{LABEL}={LAB}",
-                       "--network", state.network, "--ip", address, "--dns=none", *add_hosts, "--systemd=always",
-                       "--cap-add", "SYS_ADMIN,NET_ADMIN,NET_RAW",
-                       "-v", f"{lab.dir / 'authorized_keys'}:/root/.ssh/authorized_keys:ro",
-                       "-v", f"{python_home}:{python_home}:ro", "-v", f"{venv}:{venv}:ro",
-                       "-v", f"{lab.dir}:{lab.dir}:ro", image)
-        containers.append(container)
-        executors.append({"name": name, "address": address, "runner": str(venv / "bin" / "ansible-runner")})
-    deadline = time.monotonic() + 120
-    for executor in executors:
-        while True:
-            scan = subprocess.run(["ssh-keyscan", "-T", "3", "-t", "ed25519", executor["address"]],
-                                  capture_output=True, text=True)
-            lines = [line for line in scan.stdout.splitlines() if line and not line.startswith("#")]
-            if lines:
-                keys += lines
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"executor {executor['name']} ({executor['address']}) has no ssh after 120 s")
-            time.sleep(1)
-    known = workdir / "executors_known_hosts"
-    known.write_text("\n".join(keys) + "\n")
-    data = yaml.safe_load(inventory.read_text())
-    settings = data["all"]["vars"]["gpuboot"]
-    settings["executors"] = [{**e, "known_hosts_file": str(known)} for e in executors]
-    split = inventory.with_name(inventory.stem + f"-{count}-executors.yml")
-    split.write_text(yaml.safe_dump(data, sort_keys=False))
-    return split, containers
+    """`count` executor containers beside the bench lab (tests/integration/lab_executors.py):
+    the inventory that names them in gpuboot.executors, and their containers."""
+    from gpuboot_lab.cluster import Lab
+    from tests.integration import lab_executors
+    started = lab_executors.start(Lab(ROOT / ".gpuboot" / "_lab" / LAB, log=lambda message: None),
+                                  count, inventory, workdir)
+    return started.inventory, started.containers
 
 
 def host_tasks(events: list[dict]) -> int:
@@ -223,7 +223,7 @@ def timed_up(inventory: Path, env: dict[str, str], *extra: str, executors: tuple
     executors_before = executors_cpu_seconds(list(executors))
     nodes_before = node_cpu_seconds()
     started = time.monotonic()
-    proc, control_cpu = run_measured([sys.executable, "-c", MEASURED, "up", str(inventory), "--to", NODE_PREP[-1],
+    proc, control_cpu, marks = run_measured([sys.executable, "-c", MEASURED, "up", str(inventory), "--to", NODE_PREP[-1],
                                       "--output", "json", *extra], cwd=ROOT, env=env)
     wall = time.monotonic() - started
     nodes_after = node_cpu_seconds()
@@ -244,6 +244,7 @@ def timed_up(inventory: Path, env: dict[str, str], *extra: str, executors: tuple
             "host_tasks": host_tasks(events),
             "outside_phases": round(wall - in_phases, 1),
             "control_cpu": round(control_cpu, 1),
+            "control_cpu_by_step": cpu_by_step(marks, control_cpu),
             "gpuboot_cpu": round(usage["gpuboot_cpu"], 1), "ansible_cpu": round(usage["ansible_cpu"], 1),
             "gpuboot_cpu_share": round(usage["gpuboot_cpu"] / wall, 3),
             "gpuboot_peak_mib": usage["gpuboot_peak_mib"], "child_peak_mib": usage["child_peak_mib"],
@@ -355,6 +356,11 @@ def markdown(summary: dict, command: str) -> str:
             f"| {size.get('node_cpu_seconds_per_node', '-')} s{on_executors} "
             f"| {rerun['wall']} s ({size['rerun_share']:.1%}), {rerun['changed']} changed "
             f"| {first['gpuboot_peak_mib']} / {first['child_peak_mib']} MiB |")
+    steps = [(size["nodes"], size["first"].get("control_cpu_by_step")) for size in summary["sizes"]]
+    if any(by_step for _, by_step in steps):
+        lines += ["", "Control CPU of the first run by step:"]
+        lines += [f"- {nodes} nodes: " + ", ".join(f"{step} {cpu} s" for step, cpu in by_step.items())
+                  for nodes, by_step in steps if by_step]
     if "marginal_control_cpu_per_node" in summary:
         lines += ["", f"Per extra node: {summary['marginal_control_cpu_per_node']} control CPU-seconds, "
                       f"{summary['marginal_host_tasks_per_node']} host-tasks, "

@@ -117,6 +117,10 @@ def test_the_split_run_row_puts_the_executors_cpu_beside_the_nodes():
     text = up_scale.markdown({"machine": "2 cores", "commit": "abc1234", "sizes": [size]}, "up_scale --executors 2")
     row = next(line for line in text.splitlines() if line.startswith("| 10 "))
     assert "| 12.0 s | 1.2 s | 30.0 s (+ 6.5 s on 2 executors) |" in row
+    assert "by step" not in text  # a run measured without a cgroup has no profile
+    size["first"]["control_cpu_by_step"] = {"start": 1.0, "lock and probe": 2.5, "preflight": 6.0}
+    text = up_scale.markdown({"machine": "2 cores", "commit": "abc1234", "sizes": [size]}, "up_scale --executors 2")
+    assert "- 10 nodes: start 1.0 s, lock and probe 2.5 s, preflight 6.0 s" in text
 
 
 def test_a_container_without_a_cgroup_reading_gives_no_figure(monkeypatch):
@@ -124,3 +128,36 @@ def test_a_container_without_a_cgroup_reading_gives_no_figure(monkeypatch):
     assert up_scale.container_cpu_seconds("gpuboot-bench-ex1") is None
     assert up_scale.executors_cpu_seconds(["gpuboot-bench-ex1"]) is None
     assert up_scale.executors_cpu_seconds([]) is None
+
+
+def test_the_control_cpu_is_split_by_the_step_of_the_run_that_spent_it():
+    marks = [["RunStarted", None, 1.0], ["PhaseSkipped", "preflight", 3.5], ["PhaseStarted", "os_prep", 3.6],
+             ["PhaseFinished", "os_prep", 13.6], ["PhaseStarted", "kube_packages", 14.0],
+             ["PhaseFinished", "kube_packages", 20.0], ["RunFinished", None, 22.0]]
+    assert up_scale.cpu_by_step(marks, 22.5) == {
+        "start": 1.0, "lock and probe": 2.5, "between phases": 0.5, "os_prep": 10.0, "kube_packages": 6.0,
+        "record and unlock": 2.0, "exit": 0.5}
+    assert up_scale.cpu_by_step([], 22.5) == {} and up_scale.cpu_by_step(marks, None) == {}
+
+
+def test_a_measured_run_reads_the_cpu_at_each_phase_event_as_it_streams(monkeypatch):
+    class Cgroup:
+        readings = iter([1.0, 4.0, 9.0, 9.5])
+
+        def enter(self):
+            pass
+
+        def cpu_seconds(self):
+            return next(self.readings)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(up_scale, "control_cgroup", Cgroup)
+    events = ['{"event": "RunStarted"}', '{"event": "TaskStarted", "task": "x"}',
+              '{"event": "PhaseStarted", "phase": "os_prep"}', '{"event": "PhaseFinished", "phase": "os_prep"}']
+    script = "import sys; print(sys.argv[1]); print('done', file=sys.stderr)"
+    proc, total, marks = up_scale.run_measured([sys.executable, "-c", script, "\n".join(events)])
+    assert proc.returncode == 0 and proc.stderr == "done\n" and proc.stdout.count("\n") == 4
+    assert marks == [["RunStarted", None, 1.0], ["PhaseStarted", "os_prep", 4.0], ["PhaseFinished", "os_prep", 9.0]]
+    assert total == 9.5
