@@ -21,8 +21,8 @@ from typing import Any
 import ansible_runner
 
 from gpuboot import content
-from gpuboot.ansible.runner import PlaybookResult, PlaybookRun, _scrub_command_record
-from gpuboot.ansible.translate import translate
+from gpuboot.ansible.runner import PlaybookResult, PlaybookRun, event_handler, scrub_command_record
+from gpuboot.config.checks import resolve_path
 from gpuboot.config.model import Executor, Ssh
 from gpuboot.events import Event, HostCounts, HostResult, PlaybookStats
 from gpuboot.files import write_private
@@ -58,8 +58,7 @@ def ssh_transport(executor: Executor, ssh: Ssh, run_id: str, ident: str, invento
             "-p", str(executor.port or ssh.port)]
 
     def local(value: str) -> str:
-        path = Path(value).expanduser()
-        return str(path if path.is_absolute() else inventory_dir / path)
+        return str(resolve_path(value, inventory_dir))
 
     key = executor.private_key_file or ssh.private_key_file
     if key:
@@ -111,10 +110,8 @@ def stage(request: PlaybookRun, transport: Transport, into: Path) -> dict:
     worker = transport.worker_dir
 
     extravars = json.loads(json.dumps(request.extravars))
-    inventory_dir = request.inventory if request.inventory.is_dir() else request.inventory.parent
     for index, (holder, key, path) in enumerate(_files_in(extravars.get("gpuboot_settings"))):
-        source = Path(path).expanduser()
-        source = source if source.is_absolute() else inventory_dir / source
+        source = resolve_path(path, request.inventory_dir)
         if source.is_file():
             name = f"{index}-{source.name}"
             write_private(into / "files" / name, source.read_text())
@@ -131,12 +128,11 @@ def stage(request: PlaybookRun, transport: Transport, into: Path) -> dict:
     if key and Path(key).is_file():
         write_private(into / "files" / "ssh-key", Path(key).read_text())
         env["ANSIBLE_PRIVATE_KEY_FILE"] = f"{worker}/files/ssh-key"
-    flags = [flag for flag, on in (("--check", request.check), ("--diff", request.diff)) if on]
     # Absolute here: ansible-runner's transmit makes both relative to the private data directory
     # (a relative inventory it would take for inventory text).
     return {"playbook": str(project / "playbooks" / request.playbook.name), "inventory": str(into / "inventory" / inventory),
             "envvars": env, "forks": request.forks, "limit": ",".join(request.limit) or None,
-            "cmdline": " ".join(flags) or None, "verbosity": request.verbosity, "suppress_env_files": True,
+            "cmdline": request.cmdline, "verbosity": request.verbosity, "suppress_env_files": True,
             "ident": request.ident}
 
 
@@ -195,22 +191,16 @@ def run_streamed(request: PlaybookRun, transport: Transport, on_event: Callable[
     def status(data: dict, runner_config: object = None) -> None:
         final.update(data)
 
-    def handle(raw: dict) -> bool:
-        event = translate(raw)
-        if event is not None:
-            on_event(event)
-        return True
-
     local = request.artifact_dir / f"{request.ident}.process"
     local.mkdir(mode=0o700, exist_ok=True)
     processor = ansible_runner.run(streamer="process", _input=proc.stdout, private_data_dir=str(local),
                                    artifact_dir=str(request.artifact_dir / request.ident), quiet=True,
-                                   event_handler=handle, status_handler=status)
+                                   event_handler=event_handler(on_event), status_handler=status)
     sender.join()
     code = proc.wait()
     shutil.rmtree(staged, ignore_errors=True)
     shutil.rmtree(local, ignore_errors=True)
-    _scrub_command_record(request.artifact_dir / request.ident / "command")
+    scrub_command_record(request.artifact_dir / request.ident / "command")
     outcome = str(final.get("status") or processor.status)
     if outcome in ("successful", "failed"):
         # The worker's exit status is ansible-playbook's (ssh passes the remote command's on).
@@ -251,9 +241,8 @@ class SplitRunner:
 
         def run(executor: Executor, share: list[str]) -> None:
             ident = f"{request.ident}-{executor.name}"
-            inventory_dir = request.inventory if request.inventory.is_dir() else request.inventory.parent
             run_id = str(request.extravars.get("gpuboot_run_id", "run"))
-            transport = self.transport(executor, self.ssh, run_id, ident, inventory_dir)
+            transport = self.transport(executor, self.ssh, run_id, ident, request.inventory_dir)
             result = run_streamed(replace(request, ident=ident, limit=tuple(share)), transport, share_events, cancel)
             with lock:
                 results.append(result)

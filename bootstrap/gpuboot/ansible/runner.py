@@ -37,6 +37,16 @@ class PlaybookRun:
     fact_cache: Path | None = None  # shared by every phase of one run: facts gathered once
     limit: tuple[str, ...] = ()  # hosts, as ansible-playbook --limit (gpuboot node add|remove)
 
+    @property
+    def inventory_dir(self) -> Path:
+        """The folder relative paths in the inventory's settings start from."""
+        return self.inventory if self.inventory.is_dir() else self.inventory.parent
+
+    @property
+    def cmdline(self) -> str | None:
+        """ansible-playbook's mode flags for this run (a dry run, a diff)."""
+        return " ".join(flag for flag, on in (("--check", self.check), ("--diff", self.diff)) if on) or None
+
 
 @dataclass(frozen=True)
 class PlaybookResult:
@@ -80,7 +90,8 @@ def _path_with_this_python() -> str:
     return os.pathsep.join([here, os.environ.get("PATH", "")])
 
 
-def _scrub_command_record(path: Path) -> None:
+def scrub_command_record(path: Path) -> None:
+    """ansible-runner's record of the command, with only RECORDED_ENV and ANSIBLE_* kept."""
     if not path.exists():
         return
     record = json.loads(path.read_text())
@@ -99,16 +110,19 @@ def _extravars_file(request: PlaybookRun) -> str | None:
     return str(path)
 
 
-def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
-                 cancel: threading.Event | None = None) -> PlaybookResult:
-    request.artifact_dir.mkdir(parents=True, exist_ok=True)
+def event_handler(on_event: Callable[[Event], None]) -> Callable[[dict], bool]:
+    """ansible-runner's event handler: each runner event as a typed event, to `on_event`."""
     def handle(raw: dict) -> bool:
         event = translate(raw)
         if event is not None:
             on_event(event)
         return True  # let runner keep its own event files for the record
+    return handle
 
-    flags = [flag for flag, on in (("--check", request.check), ("--diff", request.diff)) if on]
+
+def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
+                 cancel: threading.Event | None = None) -> PlaybookResult:
+    request.artifact_dir.mkdir(parents=True, exist_ok=True)
     runner = ansible_runner.run(
         private_data_dir=str(request.artifact_dir),
         artifact_dir=str(request.artifact_dir),
@@ -120,19 +134,19 @@ def run_playbook(request: PlaybookRun, on_event: Callable[[Event], None],
         fact_cache=str(request.fact_cache) if request.fact_cache else None,
         forks=request.forks,
         limit=",".join(request.limit) or None,
-        cmdline=" ".join(flags) or None,
+        cmdline=request.cmdline,
         verbosity=request.verbosity,
         suppress_env_files=True,
         status_handler=_trim_environment,
         quiet=True,
-        event_handler=handle,
+        event_handler=event_handler(on_event),
         cancel_callback=(lambda: cancel.is_set()) if cancel is not None else None,
     )
     if runner.status in ("canceled", "timeout"):
         # ansible-runner killed ansible-playbook's process group; its workers, each in a
         # session of its own, and the commands they run are still going.
         processes.stop(processes.marked(request.artifact_dir))
-    _scrub_command_record(request.artifact_dir / request.ident / "command")
+    scrub_command_record(request.artifact_dir / request.ident / "command")
     return PlaybookResult(
         status=str(runner.status),
         rc=int(runner.rc if runner.rc is not None else 1),
