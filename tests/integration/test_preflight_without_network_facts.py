@@ -3,7 +3,8 @@ machine, a minimal image) must still report every problem in its one summary. It
 with a template error (all_ipv4_addresses undefined) before naming any of them; seen on a real
 H200 machine (tests/gpu/fixtures). Runs the real playbook with a local connection, leaving out
 `ip` out of reach in a mount namespace of its own, as on that machine; read-only, writes nothing
-here."""
+here. Also: inventory hosts that are one machine are each named with the others, as
+clones of one image would be."""
 from __future__ import annotations
 
 import json
@@ -22,24 +23,30 @@ ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = ROOT / "tests" / "gpu" / "inventory" / "hosts.ini"
 
 
-def test_preflight_names_its_problems_without_network_facts(tmp_path):
+def preflight(tmp_path: Path, *hosts: str, wrap: list[str] = ()) -> tuple[int, str]:
+    """The real preflight playbook on `hosts` of INVENTORY, each over a local connection to
+    this machine, with gpuboot's extra variables; its return code and output."""
     extravars = tmp_path / "extravars.json"
     extravars.write_text(json.dumps(load_cluster(INVENTORY).extravars()))
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
                ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
                ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    playbook = [sys.executable, "-m", "ansible.cli.playbook", "-i", str(INVENTORY), "-l", ",".join(hosts), "-c", "local",
+                "-e", f"@{extravars}", str(ROOT / "playbooks" / "preflight.yml")]
+    proc = subprocess.run([*wrap, *playbook], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    (tmp_path / "preflight.log").write_text(out)
+    return proc.returncode, out
+
+
+def test_preflight_names_its_problems_without_network_facts(tmp_path):
     ip = shutil.which("ip")
     if ip is None or os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root, unshare and an ip command to hide (run as CI does)")
-    playbook = [sys.executable, "-m", "ansible.cli.playbook", "-i", str(INVENTORY), "-l", "gpu1", "-c", "local",
-                "-e", f"@{extravars}", str(ROOT / "playbooks" / "preflight.yml")]
     # /dev/null over the ip binary: Ansible's setup module finds no executable ip, as on that machine.
     hide = f"mount --bind /dev/null {shlex.quote(os.path.realpath(ip))} && exec \"$@\""
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", hide, "sh", *playbook],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    (tmp_path / "preflight.log").write_text(out)
-    assert proc.returncode != 0, out
+    returncode, out = preflight(tmp_path, "gpu1", wrap=["unshare", "-m", "sh", "-c", hide, "sh"])
+    assert returncode != 0, out
     assert "Error rendering template" not in out and "UndefinedMarker" not in out, out
     assert "Preflight found problems on 1 host(s)" in out, out
     # The summary says what the node lacks, in the words an operator acts on.
@@ -49,3 +56,15 @@ def test_preflight_names_its_problems_without_network_facts(tmp_path):
     # Nothing listens on the loopback VIP: the probe must run and find it free, not fail and
     # be read as an answering VIP.
     assert "VIP 127.0.0.10:8443 already answers" not in out
+
+
+def test_preflight_names_every_node_that_shares_a_machine_id_or_host_name(tmp_path):
+    """Three inventory hosts that are one machine: each is named with the other two, as nodes
+    cloned from one image would be, from one list of the play's identities."""
+    returncode, out = preflight(tmp_path, "cp1", "gpu1", "gpu2")
+    assert returncode != 0 and "Preflight found problems on 3 host(s)" in out, out
+    machine_id = Path("/etc/machine-id").read_text().strip()
+    name = os.uname().nodename
+    for host, others in (("cp1", "gpu1, gpu2"), ("gpu1", "cp1, gpu2"), ("gpu2", "cp1, gpu1")):
+        assert f"{host}: machine-id {machine_id} is also on {others} (a cloned image?)" in out, out
+        assert f"{host}: host name {name} is also used by {others};" in out, out
