@@ -13,7 +13,10 @@ extra node. Not a test: run it by hand on an otherwise idle machine and record t
 docs/benchmarks.md.
 
     .venv/bin/python -m tests.bench.up_scale --nodes 5 20 50 [--out result.json] [--skip-forced]
-        [--lever mitogen] [--ansible ANSIBLE_STRATEGY=free ...] [--executors 2]
+        [--lever mitogen] [--ansible ANSIBLE_STRATEGY=free ...] [--executors 2] [--to preflight]
+
+`--to PHASE` stops at an earlier phase: `--to preflight` measures what comparing the nodes
+costs without preparing them.
 
 `--executors N` is the split run (docs/executors.md): N executor containers on the lab's network
 (the lab's node image with sshd, this venv and its Python mounted read-only at the same paths,
@@ -219,11 +222,12 @@ def host_tasks(events: list[dict]) -> int:
                for e in events if e["event"] == "PlaybookStats" for counts in e["hosts"].values())
 
 
-def timed_up(inventory: Path, env: dict[str, str], *extra: str, executors: tuple[str, ...] = ()) -> dict:
+def timed_up(inventory: Path, env: dict[str, str], *extra: str, executors: tuple[str, ...] = (),
+             to: str = NODE_PREP[-1]) -> dict:
     executors_before = executors_cpu_seconds(list(executors))
     nodes_before = node_cpu_seconds()
     started = time.monotonic()
-    proc, control_cpu, marks = run_measured([sys.executable, "-c", MEASURED, "up", str(inventory), "--to", NODE_PREP[-1],
+    proc, control_cpu, marks = run_measured([sys.executable, "-c", MEASURED, "up", str(inventory), "--to", to,
                                       "--output", "json", *extra], cwd=ROOT, env=env)
     wall = time.monotonic() - started
     nodes_after = node_cpu_seconds()
@@ -306,21 +310,21 @@ def lab_cluster(nodes: int, subnet: str, packages: Path, workdir: Path) -> Itera
 
 
 def one_size(nodes: int, subnet: str, packages: Path, workdir: Path, env: dict[str, str],
-             forced: bool = True, executors: int = 0) -> dict:
+             forced: bool = True, executors: int = 0, to: str = NODE_PREP[-1]) -> dict:
     with lab_cluster(nodes, subnet, packages, workdir) as (inventory, lab_seconds):
         result = {"nodes": nodes, "lab_up_seconds": round(lab_seconds, 1), "executors": executors}
         containers: list[str] = []
         if executors:
             inventory, containers = start_executors(executors, inventory, workdir)
         on = tuple(containers)
-        result["first"] = timed_up(inventory, env, executors=on)
-        if executors and result["first"]["on_executors"] != list(NODE_PREP[1:]):
+        result["first"] = timed_up(inventory, env, executors=on, to=to)
+        if executors and result["first"]["on_executors"] != list(NODE_PREP[1:NODE_PREP.index(to) + 1]):
             raise SystemExit(f"the split run ran {result['first']['on_executors']} on the executors")
-        result["rerun"] = timed_up(inventory, env, executors=on)
+        result["rerun"] = timed_up(inventory, env, executors=on, to=to)
         first = result["first"]["wall"]
         result["rerun_share"] = round(result["rerun"]["wall"] / first, 3)
         if forced:
-            result["forced"] = timed_up(inventory, env, "--force", executors=on)
+            result["forced"] = timed_up(inventory, env, "--force", executors=on, to=to)
             result["forced_share"] = round(result["forced"]["wall"] / first, 3)
         result["cpu_seconds_per_node"] = round(result["first"]["control_cpu"] / nodes, 2)
         result["host_tasks_per_node"] = round(result["first"]["host_tasks"] / nodes, 1)
@@ -380,6 +384,8 @@ def main() -> None:
                         help="an Ansible setting for every playbook (repeat for more)")
     parser.add_argument("--executors", type=int, default=0, metavar="N",
                         help="the split run: the node-local phases on N executor containers")
+    parser.add_argument("--to", choices=NODE_PREP, default=NODE_PREP[-1],
+                        help="the last phase measured (preflight alone: what comparing the nodes costs)")
     args = parser.parse_args()
     if min(args.nodes) < 4:
         raise SystemExit("--nodes: at least 4 (3 control planes and a worker)")
@@ -391,7 +397,7 @@ def main() -> None:
     results = []
     for nodes in sorted(args.nodes):
         results.append(one_size(nodes, args.subnet, packages, workdir, env, forced=not args.skip_forced,
-                                executors=args.executors))
+                                executors=args.executors, to=args.to))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     summary = {"machine": f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') >> 30} GiB",
                "commit": commit(),
