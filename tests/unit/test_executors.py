@@ -175,6 +175,7 @@ def test_ssh_transport_keeps_host_key_checking_and_takes_the_executor_login():
     transport = ssh_transport(own, ssh, "r1", "os_prep-ex1", Path("/site"))
     argv = list(transport.argv)
     assert "StrictHostKeyChecking=yes" in argv and "BatchMode=yes" in argv
+    assert "ConnectTimeout=20" in argv and "ServerAliveInterval=15" in argv and "ServerAliveCountMax=4" in argv
     assert argv[argv.index("-p") + 1] == "22" and argv[argv.index("-i") + 1] == "/keys/nodes"
     assert "runner@10.0.0.9" in argv
     assert argv[-1] == ("/opt/ar/bin/ansible-runner worker --private-data-dir "

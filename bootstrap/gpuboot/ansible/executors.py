@@ -32,6 +32,9 @@ PROJECT = ("ansible.cfg", "playbooks", "roles", "mirror/releases")
 # Environment that names places on the control machine; the worker has its own.
 CONTROL_ONLY_ENV = ("PATH", "VIRTUAL_ENV", "PYTHONPATH")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# As for the nodes (ansible.cfg): an executor that does not answer fails its share in 20 s,
+# and one that goes silent mid-stream in about a minute, not when TCP gives up.
+LIVENESS = ("-o", "ConnectTimeout=20", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4")
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ def ssh_transport(executor: Executor, ssh: Ssh, run_id: str, ident: str, invento
     directory of the share's own and deletes it."""
     work = executor.work_dir.rstrip("/")
     argv = ["ssh", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={'yes' if ssh.host_key_checking else 'no'}",
-            "-p", str(executor.port or ssh.port)]
+            *LIVENESS, "-p", str(executor.port or ssh.port)]
 
     def local(value: str) -> str:
         return str(resolve_path(value, inventory_dir))

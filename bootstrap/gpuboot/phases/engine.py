@@ -16,6 +16,7 @@ from typing import Protocol
 from gpuboot import content, processes
 from gpuboot.ansible.executors import SplitRunner, shares
 from gpuboot.ansible.runner import PlaybookResult, PlaybookRun, run_playbook
+from gpuboot.config.checks import resolve_path
 from gpuboot.config.model import Cluster
 from gpuboot.errors import GpubootError, Interrupted, LockedError, PhaseFailed
 from gpuboot.events import (
@@ -72,8 +73,7 @@ def ssh_defaults(cluster: Cluster) -> dict[str, str]:
     ssh = cluster.settings.ssh
     env = {"ANSIBLE_REMOTE_USER": ssh.user, "ANSIBLE_REMOTE_PORT": str(ssh.port)}
     if ssh.private_key_file:
-        key = Path(ssh.private_key_file).expanduser()
-        env["ANSIBLE_PRIVATE_KEY_FILE"] = str(key if key.is_absolute() else Path(cluster.inventory).parent / key)
+        env["ANSIBLE_PRIVATE_KEY_FILE"] = str(resolve_path(ssh.private_key_file, Path(cluster.inventory).parent))
     if ssh.jump_host:
         jump = next((n for n in cluster.nodes if n.name == ssh.jump_host), None)
         target = f"{ssh.user}@{jump.address}:{jump.port}" if jump else f"{ssh.user}@{ssh.jump_host}"
