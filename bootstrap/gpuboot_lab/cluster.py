@@ -184,10 +184,8 @@ class Lab:
     def _run_node(self, state: LabState, image: str, key: Path, name: str, add_hosts: list[str]) -> None:
         spec = state.spec
         container = f"gpuboot-{spec.name}-{name.removeprefix(spec.name + '-')}"
-        args = ["run", "-d", "--name", container, "--hostname", name, "--label", f"{LABEL}={spec.name}",
-                "--network", state.network, "--ip", state.addresses[name], "--dns=none", *add_hosts,
-                "--systemd=always", "--sysctl", "net.ipv4.ip_nonlocal_bind=1", "--sysctl", "net.ipv4.ip_forward=1",
-                "-v", f"{self.dir / 'authorized_keys'}:/root/.ssh/authorized_keys:ro",
+        args = [*self._container_args(state, container, name, state.addresses[name], add_hosts),
+                "--sysctl", "net.ipv4.ip_nonlocal_bind=1", "--sysctl", "net.ipv4.ip_forward=1",
                 "-v", f"{self.dir / 'authorized_keys'}:/home/gpuboot/.ssh/authorized_keys:ro"]
         if spec.flavour in ("containerd", "kubernetes"):
             # containerd's overlayfs snapshots cannot live on the node's own overlay root.
@@ -208,19 +206,45 @@ class Lab:
         state.containers.append(container)
         self.podman.run(*args, image)
 
+    def _container_args(self, state: LabState, container: str, hostname: str, address: str,
+                        add_hosts: list[str]) -> list[str]:
+        """`podman run` for a container of this lab: its label (`down` finds it by that), its
+        network and address, systemd as PID 1, the lab's key authorized for root."""
+        return ["run", "-d", "--name", container, "--hostname", hostname, "--label", f"{LABEL}={state.spec.name}",
+                "--network", state.network, "--ip", address, "--dns=none", *add_hosts, "--systemd=always",
+                "-v", f"{self.dir / 'authorized_keys'}:/root/.ssh/authorized_keys:ro"]
+
+    def run_extra(self, name: str, address: str, mounts: list[Path], timeout: float = 120) -> str:
+        """A container beside the lab's nodes, not one of them (no inventory entry): the node
+        image with sshd at `address` on the lab's network, the nodes' names resolvable, `mounts`
+        read-only at the same paths. `down` removes it with the nodes. Returns its known_hosts
+        lines once its sshd answers."""
+        state = self.load()
+        if state is None:
+            raise LabError(f"no lab under {self.dir}", hint="run `gpuboot lab up` first")
+        image = ensure_image(self.podman, self.cache_dir, self.log)
+        container = f"gpuboot-{state.spec.name}-{name}"
+        add_hosts = [arg for node, ip in state.addresses.items() for arg in ("--add-host", f"{node}:{ip}")]
+        self.podman.run("rm", "-f", container, check=False)
+        self.podman.run(*self._container_args(state, container, f"{state.spec.name}-{name}", address, add_hosts),
+                        "--cap-add", "SYS_ADMIN,NET_ADMIN,NET_RAW",
+                        *[arg for path in mounts for arg in ("-v", f"{path}:{path}:ro")], image)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lines = host_key_lines(address)
+            if lines:
+                return "\n".join(lines) + "\n"
+            time.sleep(0.5)
+        raise LabError(f"no SSH after {timeout:.0f}s from {container} ({address})",
+                       hint=f"see `podman logs {container}`; `gpuboot lab down` cleans up")
+
     def _wait_for_ssh(self, state: LabState, timeout: float = 180) -> Path:
         deadline = time.monotonic() + timeout
         pending = dict(state.addresses)
         keys: dict[str, str] = {}
         while pending and time.monotonic() < deadline:
             for name, ip in list(pending.items()):
-                with socket.socket() as probe:
-                    probe.settimeout(0.5)
-                    if probe.connect_ex((ip, 22)) != 0:
-                        continue
-                scan = subprocess.run(["ssh-keyscan", "-T", "3", "-t", "ed25519", ip],
-                                      capture_output=True, text=True)
-                lines = [line for line in scan.stdout.splitlines() if line and not line.startswith("#")]
+                lines = host_key_lines(ip)
                 if lines:
                     keys[name] = "\n".join(f"{name},{line}" for line in lines)
                     del pending[name]
@@ -308,6 +332,17 @@ class Lab:
             rows.append({"host": name, "address": ip, "container": container,
                          "state": running.get(container, "missing")})
         return rows
+
+
+def host_key_lines(address: str) -> list[str]:
+    """The ed25519 host key sshd at `address` offers, as known_hosts lines; none while it does
+    not answer yet."""
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        if probe.connect_ex((address, 22)) != 0:
+            return []
+    scan = subprocess.run(["ssh-keyscan", "-T", "3", "-t", "ed25519", address], capture_output=True, text=True)
+    return [line for line in scan.stdout.splitlines() if line and not line.startswith("#")]
 
 
 def write_inventory(spec: LabSpec, state: LabState, path: Path, key: Path, known_hosts: Path, gateway: str) -> None:

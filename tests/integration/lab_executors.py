@@ -6,21 +6,17 @@ lab's `down` removes them with its nodes (they carry its label)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import sysconfig
-import time
 from dataclasses import dataclass
 from ipaddress import ip_network
 from pathlib import Path
 
 import yaml
 
-from gpuboot_lab.cluster import LABEL, Lab
-from gpuboot_lab.image import ensure_image
+from gpuboot_lab.cluster import Lab
 
 FIRST_HOST = 200  # executors take the lab subnet's hosts from .200 up, clear of the nodes
-SSH_WAIT_SECONDS = 120
 
 
 @dataclass
@@ -49,40 +45,18 @@ def start(lab: Lab, count: int, inventory: Path, workdir: Path) -> Executors:
     state = lab.load()
     if state is None:
         raise RuntimeError(f"no lab under {lab.dir}")
-    image = ensure_image(lab.podman, lab.cache_dir, log=lambda message: None)
     addresses = list(ip_network(state.spec.subnet).hosts())
-    add_hosts = [arg for name, ip in state.addresses.items() for arg in ("--add-host", f"{name}:{ip}")]
-    mounts = [arg for path in python_mounts() for arg in ("-v", f"{path}:{path}:ro")]
+    mounts = [*python_mounts(), lab.dir]
     runner = Path(sys.prefix) / "bin" / "ansible-runner"
-    executors, containers = [], []
+    executors, keys = [], []
     for index in range(count):
         name, address = f"ex{index + 1}", str(addresses[FIRST_HOST + index])
-        container = f"gpuboot-{state.spec.name}-{name}"
-        lab.podman.run("rm", "-f", container, check=False)
-        lab.podman.run("run", "-d", "--name", container, "--hostname", f"{state.spec.name}-{name}",
-                       "--label", f"{LABEL}={state.spec.name}", "--network", state.network, "--ip", address,
-                       "--dns=none", *add_hosts, "--systemd=always", "--cap-add", "SYS_ADMIN,NET_ADMIN,NET_RAW",
-                       "-v", f"{lab.dir / 'authorized_keys'}:/root/.ssh/authorized_keys:ro", *mounts,
-                       "-v", f"{lab.dir}:{lab.dir}:ro", image)
-        containers.append(container)
+        keys.append(lab.run_extra(name, address, mounts))
         executors.append({"name": name, "address": address, "runner": str(runner)})
     known = workdir / "executors_known_hosts"
-    known.write_text("".join(host_key(e["name"], e["address"]) for e in executors))
+    known.write_text("".join(keys))
     data = yaml.safe_load(inventory.read_text())
     data["all"]["vars"]["gpuboot"]["executors"] = [{**e, "known_hosts_file": str(known)} for e in executors]
     split = workdir / f"{inventory.stem}-{count}-executors.yml"
     split.write_text(yaml.safe_dump(data, sort_keys=False))
-    return Executors(split, containers, [e["name"] for e in executors])
-
-
-def host_key(name: str, address: str) -> str:
-    """The executor's ed25519 host key as known_hosts lines, once its sshd answers."""
-    deadline = time.monotonic() + SSH_WAIT_SECONDS
-    while True:
-        scan = subprocess.run(["ssh-keyscan", "-T", "3", "-t", "ed25519", address], capture_output=True, text=True)
-        lines = [line for line in scan.stdout.splitlines() if line and not line.startswith("#")]
-        if lines:
-            return "\n".join(lines) + "\n"
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"executor {name} ({address}) has no ssh after {SSH_WAIT_SECONDS} s")
-        time.sleep(1)
+    return Executors(split, [f"gpuboot-{state.spec.name}-{e['name']}" for e in executors], [e["name"] for e in executors])
