@@ -35,13 +35,15 @@ def python_mounts() -> list[Path]:
     prefix where it has one of its own (pyenv, /opt); a distribution's Python under /usr is
     mounted piecewise (its binary, standard library and libpython) to leave the image's /usr."""
     venv, base = Path(sys.prefix), Path(sys.base_prefix)
+    # A venv reached through a symlink: its scripts' shebangs name the real path.
+    venvs = list(dict.fromkeys([venv, Path(os.path.realpath(venv))]))
     if base not in (Path("/usr"), Path("/")):
-        return [base, venv]
+        return [base, *venvs]
     paths = {Path(os.path.realpath(sys.executable)), Path(sysconfig.get_paths()["stdlib"])}
     library = sysconfig.get_config_var("LDLIBRARY") or ""
     if sysconfig.get_config_var("Py_ENABLE_SHARED") and library:
         paths.add(Path(os.path.realpath(Path(sysconfig.get_config_var("LIBDIR")) / library)))
-    return sorted(paths) + [venv]
+    return sorted(paths) + venvs
 
 
 def start(lab: Lab, count: int, inventory: Path, workdir: Path) -> Executors:
