@@ -27,7 +27,7 @@ SSH_WAIT_SECONDS = 120
 class Executors:
     inventory: Path        # a copy of the lab's inventory naming them in gpuboot.executors
     containers: list[str]  # podman names, in gpuboot.executors' order
-    names: list[str]
+    addresses: dict[str, str]  # name -> address on the lab's network
 
 
 def python_mounts() -> list[Path]:
@@ -74,7 +74,7 @@ def start(lab: Lab, count: int, inventory: Path, workdir: Path) -> Executors:
     data["all"]["vars"]["gpuboot"]["executors"] = [{**e, "known_hosts_file": str(known)} for e in executors]
     split = workdir / f"{inventory.stem}-{count}-executors.yml"
     split.write_text(yaml.safe_dump(data, sort_keys=False))
-    return Executors(split, containers, [e["name"] for e in executors])
+    return Executors(split, containers, {e["name"]: e["address"] for e in executors})
 
 
 def host_key(name: str, address: str) -> str:
