@@ -23,7 +23,7 @@ FIRST_HOST = 200  # executors take the lab subnet's hosts from .200 up, clear of
 class Executors:
     inventory: Path        # a copy of the lab's inventory naming them in gpuboot.executors
     containers: list[str]  # podman names, in gpuboot.executors' order
-    names: list[str]
+    addresses: dict[str, str]  # name -> address on the lab's network
 
 
 def python_mounts() -> list[Path]:
@@ -61,4 +61,5 @@ def start(lab: Lab, count: int, inventory: Path, workdir: Path) -> Executors:
     data["all"]["vars"]["gpuboot"]["executors"] = [{**e, "known_hosts_file": str(known)} for e in executors]
     split = workdir / f"{inventory.stem}-{count}-executors.yml"
     split.write_text(yaml.safe_dump(data, sort_keys=False))
-    return Executors(split, [f"gpuboot-{state.spec.name}-{e['name']}" for e in executors], [e["name"] for e in executors])
+    containers = [f"gpuboot-{state.spec.name}-{e['name']}" for e in executors]
+    return Executors(split, containers, {e["name"]: e["address"] for e in executors})

@@ -11,33 +11,28 @@ name sorts it after the other modules on that lab (test_node_prep_phases first f
 without Kubernetes packages)."""
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 
 import pytest
-import yaml
 
 from gpuboot.cli.main import run
 from tests.integration import lab_executors
 from tests.integration.conftest import ssh
-from tests.integration.test_node_prep_phases import prepared_inventory  # noqa: F401 (a fixture)
+from tests.integration.test_node_prep_phases import (
+    events_of,
+    prepared_inventory,  # noqa: F401 (a fixture)
+)
 
 pytestmark = pytest.mark.lab
 
 SPLIT = ("os_prep", "container_runtime", "kube_packages")
 
 
-def events_of(out: str) -> list[dict]:
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-
-
 @pytest.fixture(scope="module")
 def executors(lab, prepared_inventory, tmp_path_factory):  # noqa: F811 (the imported fixture)
     started = lab_executors.start(lab["lab"], 2, prepared_inventory, tmp_path_factory.mktemp("executors"))
-    settings = yaml.safe_load(started.inventory.read_text())["all"]["vars"]["gpuboot"]["executors"]
-    yield {"inventory": str(started.inventory), "containers": started.containers,
-           "address": {e["name"]: e["address"] for e in settings}}
+    yield {"inventory": str(started.inventory), "containers": started.containers, "address": started.addresses}
     subprocess.run(["podman", "rm", "-f", *started.containers], capture_output=True)
 
 
