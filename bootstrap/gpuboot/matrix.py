@@ -56,6 +56,9 @@ class Release(BaseModel):
     runtime_images: list[RuntimeImage] = []
     # Releases with a tested upgrade path to this one (`gpuboot upgrade --to <this>`).
     upgrades_from: list[str] = []
+    # Registries whose pulls go through the mirror: in an air gap only to it, at a connected
+    # site through its pull-through caches. Releases only append (a cache's port is its place).
+    upstream_registries: list[str] = []
 
     @property
     def supported_os(self) -> list[str]:

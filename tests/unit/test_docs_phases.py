@@ -15,7 +15,7 @@ BEGIN, END = "<!-- generated from the phase catalog: begin -->", "<!-- generated
 
 def _what(phase: catalog.Phase) -> str:
     if callable(phase.result):
-        return "depends on the settings (`cni`: Calico's conflist, or the bridge's and its route service)"
+        return "depends on the settings: " + " ".join((phase.result.__doc__ or "").split())
     found = phase.result
     parts = [f"`{p}`" for p in (*found.files, *found.present)]
     parts += [f"{s} active" for s in found.services]

@@ -71,7 +71,7 @@ def test_kubernetes_images_are_kubeadms_list_for_the_version(release_name):
     assert release.kubernetes.model_extra["pause_image"] in {str(i) for i in images}
     assert {i.repository for i in images} >= {"etcd", "coredns/coredns", "pause"}
     # Every image names a registry the nodes' hosts.toml sends to the mirror.
-    upstream = set(release.model_extra["upstream_registries"])
+    upstream = set(release.upstream_registries)
     nodes = tuple(NodeTarget(key, release.os_for(key if not entry.os_minor_in_tag else key + ".6")[2],
                              ("6.8.0-31-generic",), ("amd64", "arm64"), kind, True, True)
                   for key, entry in release.os.items() for kind in ("container", "precompiled"))

@@ -78,6 +78,8 @@ def plan(app: App, inventory: str, from_phase, to_phase, only, skip, check: bool
                 app.console.print(f"    {host}")
             for node, lines in row.get("demands", {}).items():
                 app.console.print(f"    demands of {node}: " + "; ".join(lines), markup=False)
+            for note in row.get("notes", []):
+                app.console.print(f"    {note}", markup=False)
     if check:
         run_phases(app, cluster, phases, output, check=True, diff=True, force=True,
              host_key_checking=not insecure_skip_host_key_check, command="plan --check")

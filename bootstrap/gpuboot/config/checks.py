@@ -8,10 +8,12 @@ from collections import defaultdict
 from ipaddress import IPv4Address, ip_address
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gpuboot.config.inventory import AnsibleInventory, Where
 from gpuboot.config.model import DNS_LABEL, HOST_NAME, SECRET_KEY, GpubootSettings, Node
 from gpuboot.errors import MatrixError, Problem, dotted
+from gpuboot.mirror import caches
 
 SSH_PASSWORD_VARS = {"ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
                      "ansible_become_password", "ansible_become_pass", "ansible_sudo_pass"}
@@ -479,4 +481,32 @@ def _mig_quotas(settings: GpubootSettings, offered: dict[str, int] | None, where
                                     f"but the GPU workers' MIG layouts make {have}",
                                     "lower the quotas or change the layouts; the layouts make: "
                                     + (", ".join(f"{p} {offered['nvidia.com/mig-' + p]}" for p in mig) or "no MIG devices")))
+    return problems
+
+
+def mirror_caches(settings: GpubootSettings, release, where: Where) -> list[Problem]:
+    """A connected site's caches: each remote names an upstream the release pulls from, and
+    the caches' ports (the mirror's port + 1 onwards) fit and leave the package port alone."""
+    mirror = settings.mirror
+    upstreams = list(release.upstream_registries)
+    problems = [Problem(where.file, where.child("mirror", "cache_remotes", name).line,
+                        dotted("gpuboot", "mirror", "cache_remotes", name),
+                        f"{name!r} is not a registry release {release.name} pulls from, so it has no cache",
+                        f"use one of: {', '.join(upstreams)}")
+                for name in mirror.cache_remotes if name not in upstreams]
+    planned = caches.caches(mirror.registry, mirror.air_gapped, upstreams, mirror.cache_remotes)
+    if not planned:
+        return problems
+    first, last = planned[0].port, planned[-1].port
+    if last > caches.HIGHEST_PORT:
+        problems.append(Problem(where.file, where.child("mirror", "registry").line, "gpuboot.mirror.registry",
+                                f"the {len(planned)} pull-through caches take the ports after the mirror's "
+                                f"({first}-{last}), past {caches.HIGHEST_PORT}",
+                                f"give the mirror a port below {caches.HIGHEST_PORT - len(planned)}"))
+    packages = urlsplit(mirror.packages_url) if mirror.packages_url else None
+    if packages and packages.hostname == planned[0].host and first <= (packages.port or 443) <= last:
+        problems.append(Problem(where.file, where.child("mirror", "packages_url").line, "gpuboot.mirror.packages_url",
+                                f"port {packages.port or 443} is taken by the pull-through caches ({first}-{last}: "
+                                "the ports after the mirror registry's)",
+                                f"serve the packages on a port outside {first}-{last}"))
     return problems

@@ -149,6 +149,7 @@ def _validated(path: Path, check_files: bool, releases_dir: Path | None, *, loca
                                     f"{settings.release!r}: {exc.message}", exc.hint))
         else:
             problems += checks.node_os(settings, release, where)
+            problems += checks.mirror_caches(settings, release, where)
             plan = gpu_plan.resolve(settings, release, nodes)
             problems += _misfits(inv, plan.misfits)
             # A layout with a problem of its own would make the quotas' check say more of the same.

@@ -30,6 +30,7 @@ HOST_NAME = r"^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-
 IFNAME = r"^[A-Za-z0-9_.-]{1,15}$"
 UNIX_USER = r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
 URL = r"^(https?|ssh)://[^\s\"'\\{}<>`$]+$"
+HTTP_URL = r"^https?://[^\s\"'\\{}<>`$]+$"
 GIT_URL = r"^((https?|ssh)://[^\s\"'\\{}<>`$]+|[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[^\s\"'\\{}<>`$]+)$"
 GIT_REF = r"^[A-Za-z0-9][A-Za-z0-9_/-]*(\.[A-Za-z0-9_/-]+)*$"
 REPO_PATH = r"^[A-Za-z0-9_][A-Za-z0-9_/-]*(\.[A-Za-z0-9_/-]+)*$"
@@ -185,11 +186,19 @@ class Mirror(Strict):
     # The mirror host's own certificate and key (`gpuboot mirror cert` issues them from the CA).
     tls_cert_file: FilePath | None = None
     tls_key_file: FilePath | None = None
+    # A connected site's pull-through caches (mirror.registry set, not air-gapped) fetch from
+    # the upstream registries themselves, or from these: {upstream name: URL of the site's own
+    # proxy of it}. The names are the release's upstream_registries.
+    cache_remotes: dict[str, Annotated[str, Field(pattern=HTTP_URL)]] = {}
 
     @model_validator(mode="after")
     def _registry_when_air_gapped(self) -> Mirror:
         if self.air_gapped and not self.registry:
             raise ValueError("air_gapped is true but no mirror registry is set; set mirror.registry to HOST:PORT of the mirror")
+        if self.cache_remotes and (self.air_gapped or not self.registry):
+            raise ValueError("cache_remotes is for a connected site's pull-through caches; "
+                             + ("an air-gapped mirror holds every image itself: remove cache_remotes"
+                                if self.air_gapped else "set mirror.registry to HOST:PORT of the mirror host"))
         return self
 
 
@@ -621,11 +630,17 @@ class Cluster(BaseModel):
         """The validated settings as Ansible reads them: every default filled in by this model.
         File references only: validation refuses inline secrets."""
         from gpuboot import gpus
+        from gpuboot.mirror import caches
 
+        release = matrix.entry(self.settings.release)
+        mirror = self.settings.mirror
         return {"gpuboot_settings": self.settings.model_dump(mode="json"),
                 "gpuboot_nodes": {n.name: n.settings.model_dump(mode="json") for n in self.nodes},
                 # The matrix entry as data: read once here, not once per variable lookup per host.
-                "gpuboot_release": matrix.entry(self.settings.release),
+                "gpuboot_release": release,
+                # A connected site's pull-through caches on the mirror host (none in an air gap).
+                "gpuboot_mirror_caches": [c.as_data() for c in caches.caches(
+                    mirror.registry, mirror.air_gapped, release.get("upstream_registries", []), mirror.cache_remotes)],
                 # What each GPU node gets from the GPU Operator, resolved once.
                 "gpuboot_gpu": self.gpu_plan.as_data(),
                 # What the Network Operator does with each node's NICs, resolved once.

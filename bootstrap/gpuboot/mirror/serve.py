@@ -75,7 +75,8 @@ def write_config(spec: ServeSpec) -> Path:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True)
     text = env.get_template("config.yml.j2").render(
-        registry_mirror_storage_dir=str(spec.root / "data"), registry_mirror_listen=spec.listen,
+        registry_mirror_served_storage=str(spec.root / "data"), registry_mirror_served_listen=spec.listen,
+        registry_mirror_served_remote="",
         registry_mirror_http_secret=_http_secret(spec.root), registry_mirror_tls=spec.tls,
         registry_mirror_tls_cert_dest=str(cert), registry_mirror_tls_key_dest=str(key),
         registry_mirror_htpasswd_dest=htpasswd)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from gpuboot import content
+from gpuboot import content, matrix
 from gpuboot.config.model import Cluster, GpubootSettings
+from gpuboot.mirror import caches
 
 NOT_IMPLEMENTED_MARKER = "gpuboot_phase_not_implemented"
 
@@ -90,6 +91,8 @@ class Phase:
     # Each host's work needs no other host (no play picks a host by position, no task reads
     # another host's facts): with gpuboot.executors its hosts are split among them.
     node_local: bool = False
+    # What a person reading `plan` should know about this phase for this cluster.
+    notes: Callable[[Cluster], list[str]] = field(default=lambda cluster: [], compare=False)
 
     def idle(self, cluster: Cluster) -> str | None:
         return self.idle_when(cluster)
@@ -180,6 +183,7 @@ class Phase:
 
 
 def _cni_result(settings: GpubootSettings) -> Result:
+    """Calico's conflist, or the bridge's and its route service."""
     # calico-node's install-cni writes Calico's conflist on every node; the bridge is gpuboot's.
     if settings.networking.cni == "calico":
         return Result(present=("/etc/cni/net.d/10-calico.conflist",), services=("kubelet",))
@@ -218,6 +222,27 @@ def _endpoint_unbuilt(settings: GpubootSettings) -> str | None:
     return "kube_vip is not built yet" if settings.control_plane.mode == "kube_vip" else None
 
 
+def site_caches(settings: GpubootSettings) -> list[caches.Cache]:
+    mirror = settings.mirror
+    return caches.caches(mirror.registry, mirror.air_gapped, matrix.load(settings.release).upstream_registries,
+                         mirror.cache_remotes)
+
+
+def _mirror_result(settings: GpubootSettings) -> Result:
+    """`/etc/docker/registry/config.yml`, docker-registry active; at a connected site each
+    cache's configuration, its gpuboot-registry-cache@ unit active."""
+    planned = site_caches(settings)
+    return Result(files=("/etc/docker/registry/config.yml", *(f"/etc/docker/registry/cache-{c.upstream}.yml"
+                                                              for c in planned)),
+                  services=("docker-registry", *(f"gpuboot-registry-cache@{c.upstream}.service" for c in planned)))
+
+
+def _mirror_notes(cluster: Cluster) -> list[str]:
+    planned = site_caches(cluster.settings)
+    return [f"pulls of {c.upstream} go to the cache {c.endpoint} first, then {c.server}"
+            + ("" if c.remote == c.server else f" (the cache fetches from {c.remote})") for c in planned]
+
+
 # package_source's files (whichever the node's family has; a path that is not there is not
 # recorded, so a node without a mirror source has none to lose).
 PACKAGE_SOURCE = ("/etc/apt/sources.list.d/gpuboot-mirror.list", "/etc/yum.repos.d/gpuboot-mirror.repo")
@@ -225,8 +250,8 @@ KUBELET = Result(present=("/etc/kubernetes/kubelet.conf",), services=("kubelet",
 
 UP: tuple[Phase, ...] = (
     # Only inventories with a `mirror` group run it (a phase without hosts is skipped).
-    Phase("mirror", "Air-gap mirror registry", "mirror.yml",
-          Result(files=("/etc/docker/registry/config.yml",), services=("docker-registry",))),
+    Phase("mirror", "Mirror registry (air gap) or pull-through caches", "mirror.yml", _mirror_result,
+          notes=_mirror_notes),
     Phase("preflight", "Preflight checks", "preflight.yml", read_only=True),
     Phase("os_prep", "OS preparation", "os_prep.yml",
           Result(files=("/etc/modules-load.d/gpuboot.conf", "/etc/sysctl.d/90-gpuboot.conf",

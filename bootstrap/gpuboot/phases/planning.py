@@ -38,6 +38,8 @@ def describe(cluster: Cluster, phases: list[Phase], state: ClusterState) -> list
                "hosts": hosts, "action": action}
         if phase.gate:
             row["demands"] = gate_demands(cluster)
+        if hosts and phase.notes(cluster):
+            row["notes"] = phase.notes(cluster)
         rows.append(row)
     return rows
 
