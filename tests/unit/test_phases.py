@@ -17,7 +17,7 @@ NAMES = [p.name for p in UP]
 
 def test_catalog_order_is_the_documented_one():
     assert NAMES == ["mirror", "preflight", "os_prep", "container_runtime", "kube_packages", "ha_endpoint",
-                     "control_plane_init", "control_plane_join", "workers_join", "cni", "network_operator",
+                     "control_plane_init", "control_plane_join", "kube_vip", "workers_join", "cni", "network_operator",
                      "gpu_operator", "validate", "gitops_handoff"]
 
 
@@ -52,8 +52,15 @@ def test_phases_say_when_they_are_not_built_for_the_settings():
     assert by["cni"].result_for(settings).present == ("/etc/cni/net.d/10-calico.conflist",)
     assert "gpuboot-pod-routes" in by["cni"].result_for(bridge).services
     kube_vip = settings.model_copy(update={"control_plane": settings.control_plane.model_copy(update={"mode": "kube_vip"})})
-    assert by["ha_endpoint"].stops_because(kube_vip) == "kube_vip is not built yet"
-    assert by["ha_endpoint"].stops_because(settings) is None
+    # The VIP is keepalived's or kube-vip's: the other phase has nothing to do.
+    with_kube_vip = cluster.model_copy(update={"settings": kube_vip})
+    assert by["ha_endpoint"].idle(with_kube_vip) == "control_plane.mode is kube_vip: no keepalived or haproxy"
+    assert by["kube_vip"].idle(with_kube_vip) is None and by["kube_vip"].stops_because(kube_vip) is None
+    assert by["kube_vip"].pulls_for(with_kube_vip) == ("kube_vip",)
+    assert by["control_plane_init"].pulls_for(with_kube_vip) == ("kubernetes", "kube_vip")
+    assert by["kube_vip"].idle(cluster) == "control_plane.mode is keepalived_haproxy"
+    assert by["control_plane_init"].pulls_for(cluster) == ("kubernetes",)
+    assert by["ha_endpoint"].idle(cluster) is None and by["ha_endpoint"].stops_because(settings) is None
     # The handoff pushes with the deploy key and checks the Git server's host key: both named.
     assert by["gitops_handoff"].stops_because(settings) is None
     gitops = settings.gitops
@@ -70,7 +77,8 @@ def test_phase_roles_come_from_its_playbook():
     by = {p.name: p for p in UP}
     assert by["container_runtime"].roles == ("package_source", "container_runtime")
     assert by["kube_packages"].roles == ("kube_packages",)
-    assert by["control_plane_join"].roles == ("kubeadm_join",)
+    assert by["control_plane_join"].roles == ("kubeadm_join", "kube_vip")
+    assert by["kube_vip"].roles == ("kube_vip",)
     assert "bridge_cni" in by["cni"].roles
 
 

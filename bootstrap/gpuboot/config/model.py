@@ -93,6 +93,11 @@ class ControlPlaneEndpoint(Strict):
                 f"port {port} is also the API servers' port, and haproxy runs beside them on the control "
                 f"planes; set control_plane.port to 8443 (clients use VIP:8443) or control_plane.apiserver_port "
                 f"to another port")
+        if port is not None and info.data.get("mode") == "kube_vip" and port != info.data.get("apiserver_port"):
+            raise ValueError(
+                f"port {port} is not the API servers' port {info.data.get('apiserver_port')}: kube-vip balances "
+                f"nothing, clients reach the VIP holder's own API server; leave control_plane.port out or set it "
+                f"to the apiserver_port")
         return port
 
     @model_validator(mode="before")

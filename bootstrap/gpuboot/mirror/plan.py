@@ -138,7 +138,8 @@ class Target:
                 hint="add gpuboot.node_os: {id: ubuntu-22.04, kernels: [<uname -r of the GPU nodes>]}, "
                      "or gpuboot_node.os and .kernel per node")
         optional = (("kai_scheduler",) if settings.kai_scheduler.enabled else ()) + (
-            ("vcluster",) if any(t.vcluster.enabled for t in settings.tenants) else ())
+            ("vcluster",) if any(t.vcluster.enabled for t in settings.tenants) else ()) + (
+            ("kube_vip",) if settings.control_plane.mode == "kube_vip" else ())
         return cls(tuple(dict.fromkeys(nodes)), gpu.operands(), nic_plan.resolve(settings, cluster.nodes).operands(),
                    optional)
 

@@ -176,10 +176,12 @@ class Phase:
     def pulls_for(self, cluster: Cluster) -> tuple[str, ...]:
         if self.idle(cluster):
             return ()
-        # The bridge CNI is plugins from a package; only Calico pulls images.
-        if cluster.settings.networking.cni != "calico":
-            return tuple(c for c in self.pulls if c != "calico")
-        return self.pulls
+        # The bridge CNI is plugins from a package; only Calico pulls images. kube-vip's image
+        # is pulled only where it holds the VIP.
+        dropped = {"calico"} if cluster.settings.networking.cni != "calico" else set()
+        if cluster.settings.control_plane.mode != "kube_vip":
+            dropped.add("kube_vip")
+        return tuple(c for c in self.pulls if c not in dropped)
 
 
 def _cni_result(settings: GpubootSettings) -> Result:
@@ -218,8 +220,14 @@ def _gitops_unbuilt(settings: GpubootSettings) -> str | None:
     return None
 
 
-def _endpoint_unbuilt(settings: GpubootSettings) -> str | None:
-    return "kube_vip is not built yet" if settings.control_plane.mode == "kube_vip" else None
+def _endpoint_idle(cluster: Cluster) -> str | None:
+    mode = cluster.settings.control_plane.mode
+    return None if mode == "keepalived_haproxy" else f"control_plane.mode is {mode}: no keepalived or haproxy"
+
+
+def _kube_vip_idle(cluster: Cluster) -> str | None:
+    mode = cluster.settings.control_plane.mode
+    return None if mode == "kube_vip" else f"control_plane.mode is {mode}"
 
 
 def site_caches(settings: GpubootSettings) -> list[caches.Cache]:
@@ -265,16 +273,20 @@ UP: tuple[Phase, ...] = (
           node_local=True),
     Phase("ha_endpoint", "HA API endpoint (VIP)", "ha_endpoint.yml",
           Result(files=("/etc/haproxy/haproxy.cfg", "/etc/keepalived/keepalived.conf"),
-                 services=("haproxy", "keepalived")), unbuilt=_endpoint_unbuilt),
+                 services=("haproxy", "keepalived")), idle_when=_endpoint_idle),
     Phase("control_plane_init", "First control plane (kubeadm init)", "control_plane_init.yml",
           Result(present=("/etc/kubernetes/admin.conf", "/etc/kubernetes/kubelet.conf",
                            # kubeadm_init's mark of a finished init: admin.conf comes early in kubeadm's init
                            "/etc/kubernetes/gpuboot/init-finished"), services=("kubelet",),
                  cis_modes=("node", "control_plane")),
-          pulls=("kubernetes",)),
+          pulls=("kubernetes", "kube_vip")),
     Phase("control_plane_join", "Control-plane joins", "control_plane_join.yml",
           Result(present=("/etc/kubernetes/kubelet.conf",), services=("kubelet",), cis_modes=("node", "control_plane")),
-          pulls=("kubernetes",)),
+          pulls=("kubernetes", "kube_vip")),
+    # With control_plane.mode kube_vip: the first control plane started it for its init, the
+    # others after their joins; this phase owns the manifest, so a lost one comes back.
+    Phase("kube_vip", "kube-vip on the control planes (VIP)", "kube_vip.yml",
+          Result(files=("/etc/kubernetes/manifests/kube-vip.yaml",)), pulls=("kube_vip",), idle_when=_kube_vip_idle),
     Phase("workers_join", "Worker joins", "workers_join.yml", KUBELET, pulls=("kubernetes",)),
     Phase("cni", "Pod network (Calico, or bridge)", "cni.yml", _cni_result, pulls=("calico",),
           repairs_per_host=False),
