@@ -205,15 +205,17 @@ def lab_operators() -> None:
 @lab_operators.command("bundle")
 @click.option("--release", "release", default=LAB_RELEASE, show_default=True)
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
+@click.option("--kube-vip", "kube_vip", is_flag=True, help="kube-vip's image instead (control_plane.mode kube_vip).")
 @pass_app
-def lab_operators_bundle(app: App, release: str, out: str) -> None:
+def lab_operators_bundle(app: App, release: str, out: str, kube_vip: bool) -> None:
     """Build the operators' images into a bundle, for `gpuboot mirror push` or `gpuboot lab mirror`."""
     from gpuboot import matrix
     from gpuboot.mirror.bundle import Bundle
-    from gpuboot_lab.operators import OperatorBuild, images
+    from gpuboot_lab.operators import KUBE_VIP, OPERATORS, OperatorBuild, images
     chosen = matrix.load(release)
     bundle = Bundle(Path(out))
-    built = images(bundle, chosen, OperatorBuild(log=lambda msg: app.console.print(f"[dim]{msg}[/]")))
+    built = images(bundle, chosen, OperatorBuild(log=lambda msg: app.console.print(f"[dim]{msg}[/]")),
+                   (KUBE_VIP,) if kube_vip else OPERATORS)
     bundle.write_manifest(f"{chosen.name}-operators", built)
     app.console.print(f"[green]bundle {out}[/]: {', '.join(a.ref for a in built)}")
 

@@ -112,6 +112,13 @@ OPERATORS = (
         variables=(("github.com/Mellanox/network-operator/version.Version", "{version}"),)),
 )
 
+# kube-vip (control_plane.mode kube_vip), from its repository's tree at the tag (the module
+# proxy refuses the module itself): the one static binary its image holds, as its Dockerfile
+# puts it, with the version its Makefile links in.
+KUBE_VIP = OperatorImage(
+    "kube_vip", "manager", "tree:kube-vip/kube-vip", binaries=(("kube-vip", "."),),
+    entrypoint=("/kube-vip",), bin_path="", variables=(("main.Version", "{version}"),))
+
 
 def go_version() -> str:
     return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
@@ -229,12 +236,13 @@ def image_ref(release: Release, spec: OperatorImage) -> str:
     return ref
 
 
-def images(bundle: Bundle, release: Release, build: OperatorBuild | None = None) -> list[Artifact]:
-    """The release's operator images, built here from their sources, into `bundle`."""
+def images(bundle: Bundle, release: Release, build: OperatorBuild | None = None,
+           specs: tuple[OperatorImage, ...] = OPERATORS) -> list[Artifact]:
+    """The release's images of `specs` (NVIDIA's operators), built here from their sources, into `bundle`."""
     build = build or OperatorBuild()
     base = rootfs_tar(BASE_PACKAGES, build.cache_dir / "debroot", BASE_LINKS)
     built = []
-    for spec in OPERATORS:
+    for spec in specs:
         ref = image_ref(release, spec)
         version = parse_image(ref).tag
         bin_dir = build.build(spec, version)
