@@ -8,7 +8,7 @@ import yaml
 
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import UsageError
-from gpuboot.phases.catalog import CATALOGS, UP
+from gpuboot.phases.catalog import CATALOGS, UP, role_files
 from gpuboot.phases.select import Selection, select
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,3 +152,29 @@ def test_each_plays_pattern_is_resolved_on_its_own():
     cluster = load_cluster(ROOT / "inventories" / "sample" / "inventory.yml")
     assert RESET[0].host_patterns == ("workers:!control_plane", "control_plane[1:]:control_plane[0]")
     assert RESET[0].hosts_in(cluster) == ["cpu01", "gpu01", "gpu02", "cp02", "cp03", "cp01"]
+
+
+def test_results_name_the_files_each_role_lists_once():
+    """A phase's result reads its roles' file lists (what their tasks write and render shows):
+    the catalog never restates a role's paths."""
+    by = {p.name: p for p in UP}
+    assert by["ha_endpoint"].result_for(None).files == ("/etc/haproxy/haproxy.cfg", "/etc/keepalived/keepalived.conf")
+    assert by["kube_vip"].result_for(None).files == ("/etc/kubernetes/manifests/kube-vip.yaml",)
+    # A file written per loop item is a glob; a role's own settings are resolved in its paths.
+    assert by["container_runtime"].result_for(None).files[:2] == (
+        "/etc/containerd/config.toml", "/etc/containerd/certs.d/*/hosts.toml")
+    assert set(role_files("os_prep")) <= set(by["os_prep"].result_for(None).files)
+    source = (ROOT / "bootstrap" / "gpuboot" / "phases" / "catalog.py").read_text()
+    for role in ("ha_endpoint", "kube_vip", "os_prep", "container_runtime"):
+        for path in role_files(role):
+            assert f'"{path}"' not in source, f"catalog.py restates {role}'s {path}"
+
+
+def test_a_role_path_that_is_not_the_roles_own_literal_setting_is_refused(tmp_path, monkeypatch):
+    role = tmp_path / "roles" / "odd"
+    (role / "vars").mkdir(parents=True)
+    (role / "vars" / "main.yml").write_text("odd_dir: \"{{ gpuboot_settings.x }}\"\n"
+                                            "odd_files: {a: {src: a.j2, dest: '{{ odd_dir }}/a'}}\n")
+    monkeypatch.setattr("gpuboot.content.content_dir", lambda: tmp_path)
+    with pytest.raises(ValueError, match="more than the role's own literal settings"):
+        role_files.__wrapped__("odd")

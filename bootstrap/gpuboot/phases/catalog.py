@@ -47,6 +47,40 @@ def cis_file_modes() -> dict[str, list[dict]]:
     return yaml.safe_load(path.read_text())["gpuboot_cis_file_modes"]
 
 
+# `{{ name }}`: a role's own setting inside a path in its files list.
+ROLE_SETTING = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+@cache
+def role_files(role: str) -> tuple[str, ...]:
+    """Where the role puts the files it lists once as `<role>_files` (roles/<role>/vars/main.yml:
+    its tasks write them, `gpuboot render` shows them), as a phase's result names them: a file
+    written per loop item as a glob. The paths are read, never restated in the catalog."""
+    root = content.content_dir() / "roles" / role
+    scope: dict = {}
+    for part in ("defaults", "vars"):
+        path = root / part / "main.yml"
+        scope |= (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+    def resolve(text: str, seen: tuple[str, ...] = ()) -> str:
+        def setting(found: re.Match) -> str:
+            name = found.group(1)
+            if name == "item":
+                return "*"
+            value = scope.get(name)
+            if not isinstance(value, str) or name in seen:
+                raise ValueError(f"roles/{role}: a path in {role}_files names {name}, which is not one of the role's "
+                                 "own literal settings")
+            return resolve(value, (*seen, name))
+        resolved = ROLE_SETTING.sub(setting, text)
+        if "{{" in resolved or "{%" in resolved:
+            raise ValueError(f"roles/{role}: the path {text!r} in {role}_files is more than the role's own "
+                             "literal settings")
+        return resolved
+
+    return tuple(resolve(entry["dest"]) for entry in scope[f"{role}_files"].values())
+
+
 Unbuilt = Callable[[GpubootSettings], "str | None"]
 
 
@@ -262,17 +296,16 @@ UP: tuple[Phase, ...] = (
           notes=_mirror_notes),
     Phase("preflight", "Preflight checks", "preflight.yml", read_only=True),
     Phase("os_prep", "OS preparation", "os_prep.yml",
-          Result(files=("/etc/modules-load.d/gpuboot.conf", "/etc/sysctl.d/90-gpuboot.conf",
-                        "/etc/modprobe.d/gpuboot-blacklist-nouveau.conf")), node_local=True),
+          Result(files=role_files("os_prep")), node_local=True),
     # It writes the package source kube_packages installs from too: a lost source runs it again.
     Phase("container_runtime", "Container runtime (containerd)", "container_runtime.yml",
-          Result(files=("/etc/containerd/config.toml", "/etc/containerd/certs.d/*/hosts.toml", *PACKAGE_SOURCE),
+          Result(files=(*role_files("container_runtime"), *PACKAGE_SOURCE),
                  services=("containerd",)), node_local=True),
     Phase("kube_packages", "Pinned kubeadm, kubelet, kubectl", "kube_packages.yml",
           Result(files=("/usr/bin/kubeadm", "/usr/bin/kubelet", "/usr/bin/kubectl")), installs_packages=True,
           node_local=True),
     Phase("ha_endpoint", "HA API endpoint (VIP)", "ha_endpoint.yml",
-          Result(files=("/etc/haproxy/haproxy.cfg", "/etc/keepalived/keepalived.conf"),
+          Result(files=role_files("ha_endpoint"),
                  services=("haproxy", "keepalived")), idle_when=_endpoint_idle),
     Phase("control_plane_init", "First control plane (kubeadm init)", "control_plane_init.yml",
           Result(present=("/etc/kubernetes/admin.conf", "/etc/kubernetes/kubelet.conf",
@@ -286,7 +319,7 @@ UP: tuple[Phase, ...] = (
     # With control_plane.mode kube_vip: the first control plane started it for its init, the
     # others after their joins; this phase owns the manifest, so a lost one comes back.
     Phase("kube_vip", "kube-vip on the control planes (VIP)", "kube_vip.yml",
-          Result(files=("/etc/kubernetes/manifests/kube-vip.yaml",)), pulls=("kube_vip",), idle_when=_kube_vip_idle),
+          Result(files=role_files("kube_vip")), pulls=("kube_vip",), idle_when=_kube_vip_idle),
     Phase("workers_join", "Worker joins", "workers_join.yml", KUBELET, pulls=("kubernetes",)),
     Phase("cni", "Pod network (Calico, or bridge)", "cni.yml", _cni_result, pulls=("calico",),
           repairs_per_host=False),
