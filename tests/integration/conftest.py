@@ -146,6 +146,13 @@ def kubernetes_lab(tmp_path: Path, spec: LabSpec):
                 "lab down left the lab mirror's registry running"
 
 
+def lab_kubectl(info, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
+    """kubectl of the lab's build against a `kubernetes_lab` cluster, through its kubeconfig (the VIP)."""
+    return subprocess.run([str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]),
+                           f"--request-timeout={int(timeout)}s", *args],
+                          capture_output=True, text=True, timeout=timeout + 5)
+
+
 def edit_inventory(src: Path, dest: Path, change) -> Path:
     data = yaml.safe_load(src.read_text())
     change(data)

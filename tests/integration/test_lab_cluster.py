@@ -30,7 +30,7 @@ from gpuboot.cli.main import run
 from gpuboot.phases.catalog import cis_file_modes
 from gpuboot_lab import artifacts as lab_artifacts
 from gpuboot_lab.cluster import LabSpec
-from tests.integration.conftest import built_kubectl, kubernetes_lab, ssh
+from tests.integration.conftest import built_kubectl, kubernetes_lab, lab_kubectl, ssh
 from tests.support.faults import PowerCut, freeze_when_seen
 from tests.support.probe import ApiProbe
 from tests.support.reuse import reuse_module
@@ -66,10 +66,7 @@ def _cluster_state(cluster, monkeypatch):
     monkeypatch.setenv("GPUBOOT_STATE_DIR", str(cluster["tmp"] / "state"))
 
 
-def _kubectl(info, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]),
-                           f"--request-timeout={int(timeout)}s", *args],
-                          capture_output=True, text=True, timeout=timeout + 5)
+_kubectl = lab_kubectl
 
 
 def _phase_changes(info) -> dict[str, int]:

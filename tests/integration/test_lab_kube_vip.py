@@ -25,8 +25,9 @@ from gpuboot.mirror.bundle import Bundle
 from gpuboot_lab.cluster import LabSpec
 from gpuboot_lab.operators import KUBE_VIP, OperatorBuild, images
 from tests.integration.conftest import edit_inventory, kubernetes_lab, ssh
-from tests.integration.test_node_prep_phases import events_of
+from tests.integration.conftest import lab_kubectl as kubectl
 from tests.support.reuse import reuse_module
+from tests.support.run_events import events_of
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -68,12 +69,6 @@ def cluster(reused, lab, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _cluster_state(cluster, monkeypatch):
     monkeypatch.setenv("GPUBOOT_STATE_DIR", str(cluster["tmp"] / "state"))
-
-
-def kubectl(info, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]),
-                           f"--request-timeout={int(timeout)}s", *args], capture_output=True, text=True,
-                          timeout=timeout + 5)
 
 
 def holders(info, hosts: list[str]) -> list[str]:

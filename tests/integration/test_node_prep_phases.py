@@ -18,6 +18,7 @@ import yaml
 from gpuboot import processes
 from gpuboot.cli.main import run
 from tests.integration.conftest import edit_inventory, ssh
+from tests.support.run_events import events_of
 
 pytestmark = pytest.mark.lab
 
@@ -36,10 +37,6 @@ version = 3
     SystemdCgroup = true
 """
 CONTAINERD = DEBIAN["containerd"]["package"]
-
-
-def events_of(out: str) -> list[dict]:
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 @pytest.fixture(scope="module")

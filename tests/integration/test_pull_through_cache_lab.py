@@ -19,9 +19,9 @@ import pytest
 from gpuboot.cli.main import run
 from gpuboot.mirror.serve import ServeSpec, start
 from tests.integration.conftest import edit_inventory, ssh
-from tests.integration.test_node_prep_phases import events_of
 from tests.support.mirror_fixture import IMAGE_CACHE, free_port
 from tests.support.oci_layout import busybox_binaries, push, write_layout
+from tests.support.run_events import events_of
 
 pytestmark = pytest.mark.lab
 
