@@ -50,14 +50,15 @@ if [ -z "$python" ]; then
   exit 2
 fi
 
-stamp=$({ cat pyproject.toml requirements.lock; "$python" --version; } | sha256sum | cut -c1-16)
+stamp=$({ cat pyproject.toml bootstrap/lab/pyproject.toml requirements.lock; "$python" --version; } | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/gpuboot ] || [ "$(cat .venv/.gpuboot-deps 2>/dev/null)" != "$stamp" ]; then
   echo "setup: creating .venv from requirements.lock with $("$python" --version)"
   rm -rf .venv
   "$python" -m venv .venv
   .venv/bin/pip install -q --require-hashes --no-deps -r requirements.lock
-  # gpuboot itself, editable, with the locked build backend: nothing unlocked is fetched.
-  .venv/bin/pip install -q --no-deps --no-build-isolation -e .
+  # gpuboot and its lab (a distribution of its own), editable, with the locked build backend:
+  # nothing unlocked is fetched.
+  .venv/bin/pip install -q --no-deps --no-build-isolation -e . -e bootstrap/lab
   echo "$stamp" > .venv/.gpuboot-deps
 fi
 echo "setup: ready ($(.venv/bin/gpuboot --version))"

@@ -1,8 +1,11 @@
-"""The lab is its own package (bootstrap/gpuboot_lab), built on gpuboot's library: the
+"""The lab is its own package (bootstrap/lab/gpuboot_lab, the distribution gpuboot-lab), built on gpuboot's library: the
 product never names it, and `gpuboot lab` reaches it through the gpuboot.commands entry point."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 from gpuboot import matrix
@@ -42,3 +45,31 @@ def test_lab_kubernetes_defaults_to_the_lab_inventorys_release(tmp_path):
     assert _version(None, str(inventory)) == matrix.load("k8s-1.36").kubernetes.version
     assert _version("v1.35.4", str(inventory)) == "v1.35.4"  # an explicit version wins
     assert _version(None, str(tmp_path / "absent.yml")) is None  # no lab inventory: the newest
+
+
+
+def _wheel(source: Path, out: Path) -> tuple[set[str], str]:
+    """The files of the wheel pip builds from `source` (no network, the locked backend), and
+    its entry points."""
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                           "-w", str(out), str(source)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with zipfile.ZipFile(next(out.glob("*.whl"))) as wheel:
+        names = set(wheel.namelist())
+        points = next((n for n in names if n.endswith(".dist-info/entry_points.txt")), None)
+        return names, wheel.read(points).decode() if points else ""
+
+
+def test_the_product_and_the_lab_are_two_distributions(tmp_path):
+    """The product's wheel carries no lab code and registers no lab command; the lab's wheel
+    carries the lab, its data files included, and registers `gpuboot lab` through the entry point."""
+    root = PRODUCT.parents[1]
+    product, product_points = _wheel(root, tmp_path / "product")
+    assert "gpuboot/cli/main.py" in product and any(n.startswith("gpuboot/_content/roles/") for n in product)
+    assert not any(n.startswith("gpuboot_lab/") for n in product)
+    assert "gpuboot.commands" not in product_points
+
+    lab, lab_points = _wheel(root / "bootstrap" / "lab", tmp_path / "lab")
+    assert {"gpuboot_lab/cli.py", "gpuboot_lab/go/pause/main.go"} <= lab
+    assert not any(n.startswith("gpuboot/") for n in lab)
+    assert "[gpuboot.commands]" in lab_points and "lab = gpuboot_lab.cli:lab" in lab_points
