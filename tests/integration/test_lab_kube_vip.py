@@ -24,6 +24,7 @@ from gpuboot.cli.main import run
 from gpuboot.mirror.bundle import Bundle
 from gpuboot_lab.cluster import LabSpec
 from gpuboot_lab.operators import KUBE_VIP, OperatorBuild, images
+from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 from tests.integration.conftest import edit_inventory, kubernetes_lab, ssh
 from tests.integration.conftest import lab_kubectl as kubectl
 from tests.support.reuse import reuse_module
@@ -47,6 +48,9 @@ def reused(request):
 
 @pytest.fixture(scope="module")
 def cluster(reused, lab, tmp_path_factory):
+    if source_git_dir(KUBE_VIP.origin) is None:
+        pytest.skip(f"{KUBE_VIP.origin}'s source tree is not on this machine: git clone --bare "
+                    f"https://github.com/{KUBE_VIP.origin} {SOURCE_ROOT}/{KUBE_VIP.origin.replace('/', '+')}/repo")
     spec = LabSpec(name=NAME, control_planes=3, workers=1, gpu_workers=0, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)
     tmp = tmp_path_factory.mktemp("kvip")
