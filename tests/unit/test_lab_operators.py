@@ -7,13 +7,13 @@ import pytest
 from gpuboot import matrix
 from gpuboot.mirror.refs import parse_image
 from gpuboot_lab.errors import LabError
-from gpuboot_lab.operators import LOCAL_REPLACE, OPERATORS, image_ref
+from gpuboot_lab.operators import KUBE_VIP, LOCAL_REPLACE, OPERATORS, image_ref
 
 
 @pytest.mark.parametrize("release", matrix.available())
 def test_every_release_names_each_operator_image_the_lab_builds(release):
     loaded = matrix.load(release)
-    for spec in OPERATORS:
+    for spec in (*OPERATORS, KUBE_VIP):
         ref = parse_image(image_ref(loaded, spec))
         assert ref.tag and ref.tag.startswith("v"), f"{release}: {spec.component}.{spec.key} has no version tag"
 
@@ -43,3 +43,10 @@ def test_the_network_operators_binaries_sit_where_its_chart_runs_them():
     assert spec.entrypoint == ("/manager",)
     gpu = next(spec for spec in OPERATORS if spec.key == "operator" and spec.component == "gpu_operator")
     assert gpu.image_path("gpu-operator") == "usr/bin/gpu-operator"
+
+
+def test_kube_vip_is_built_as_its_own_image_is():
+    # Its Dockerfile: the one static binary at /kube-vip, the entrypoint; its Makefile stamps main.Version.
+    assert KUBE_VIP.image_path("kube-vip") == "kube-vip" and KUBE_VIP.entrypoint == ("/kube-vip",)
+    assert "-X main.Version=v1.2.3" in KUBE_VIP.ldflags("v1.2.3")
+    assert image_ref(matrix.load("k8s-1.36"), KUBE_VIP) == "ghcr.io/kube-vip/kube-vip:v1.2.3"
