@@ -62,3 +62,22 @@ def test_the_check_sees_each_kind_of_drift(tmp_path):
     (role / "defaults" / "main.yml").write_text(yaml.safe_dump({"r_a": "", "r_b": 1, "r_c": {"k": 1}, "r_e": 2}))
     found = disagreements(role)
     assert len(found) == 4 and all(any(n in line for line in found) for n in ("r_a", "r_c", "r_d", "r_e")), found
+
+
+def fed_by_gpuboot() -> set[str]:
+    """Every variable playbooks/group_vars sets: what gpuboot feeds the roles from its model."""
+    found: set[str] = set()
+    for path in (ROOT / "playbooks" / "group_vars").rglob("*.yml"):
+        found |= set(yaml.safe_load(path.read_text()) or {})
+    return found
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_what_gpuboot_feeds_a_role_is_required_and_has_no_literal_default(role: Path):
+    """A role default beside gpuboot's value restates the model (a subnet, a port, the pause
+    image) and drifts from it unseen; so what gpuboot feeds is required in the spec, with no
+    default in the role, and molecule's scenario gives it as gpuboot's group_vars would."""
+    fed = fed_by_gpuboot()
+    declared, given = options(role), defaults(role)
+    restated = sorted(name for name in declared if name in fed and (name in given or not declared[name].get("required")))
+    assert restated == [], f"roles/{role.name}: gpuboot feeds these; make them required and drop their defaults"
