@@ -16,6 +16,7 @@ from ipaddress import ip_network
 
 import pytest
 
+from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.mirror.serve import ServeSpec, start
 from tests.integration.conftest import edit_inventory, ssh
@@ -59,7 +60,10 @@ def site(lab, tmp_path_factory):
                 "air_gapped": False, "registry": f"{address}:5000",
                 "ca_file": str(secrets / "ca.crt"), "credentials_file": str(credentials),
                 "tls_cert_file": str(secrets / "server.crt"), "tls_key_file": str(secrets / "server.key"),
-                "cache_remotes": {"registry.k8s.io": f"http://{upstream.spec.listen}"}}
+                # Every cache fetches from the lab's upstream: a cache starts only while its
+                # remote answers, and the fenced lab reaches no real registry.
+                "cache_remotes": {name: f"http://{upstream.spec.listen}"
+                                  for name in matrix.load(data["all"]["vars"]["gpuboot"]["release"]).upstream_registries}}
 
         inventory = edit_inventory(lab["inventory"], work / "inventory.yml", connected)
         yield {"inventory": inventory, "upstream": upstream, "mirror": address}
