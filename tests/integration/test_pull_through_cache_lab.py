@@ -3,9 +3,10 @@ nodes gets its caches from the `mirror` phase (the OS's docker-registry in proxy
 gpuboot's CA, one user), the nodes get hosts.toml from `container_runtime`, and containerd on
 the nodes fetches through them.
 
-The "upstream" stands for registry.k8s.io: a registry on the lab's gateway that the cache for
-registry.k8s.io is pointed at with `mirror.cache_remotes` (the lab is fenced: the real one
-cannot be reached, which also proves a fetch that works went through the cache). With the
+The "upstream" stands for registry.k8s.io: a registry on the lab's gateway that every cache is
+pointed at with `mirror.cache_remotes` (distribution starts a cache only while its remote
+answers, and the fenced lab reaches no real registry; that also proves a fetch that works went
+through the cache). With the
 upstream stopped, what the cache holds is still fetched and only what it lacks fails, with
 an error that names the image."""
 from __future__ import annotations
