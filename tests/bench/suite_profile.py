@@ -70,14 +70,18 @@ class SuiteProfile:
         self.modules: dict[str, ModuleCost] = {}
         self._open: tuple[str, float, float] | None = None
 
+    def _module(self, nodeid: str) -> ModuleCost:
+        name = nodeid.split("::", 1)[0]
+        return self.modules.setdefault(name, ModuleCost(name))
+
     def start(self, nodeid: str) -> None:
-        self._open = (nodeid.split("::", 1)[0], self.clock(), self.cpu())
+        self._open = (nodeid, self.clock(), self.cpu())
 
     def finish(self) -> None:
         if self._open is None:
             return
-        module, t0, c0 = self._open
-        cost = self.modules.setdefault(module, ModuleCost(module))
+        nodeid, t0, c0 = self._open
+        cost = self._module(nodeid)
         cost.wall += self.clock() - t0
         cost.cpu += self.cpu() - c0
         self._open = None
@@ -85,8 +89,7 @@ class SuiteProfile:
     def report(self, report) -> None:
         outcome = outcome_of(report)
         if outcome:
-            self.modules.setdefault(report.nodeid.split("::", 1)[0], ModuleCost(report.nodeid.split("::", 1)[0])) \
-                .count(outcome)
+            self._module(report.nodeid).count(outcome)
 
     def record(self, commit: str, cores: int) -> dict:
         return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit, "cores": cores,
