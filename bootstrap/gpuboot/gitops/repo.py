@@ -36,6 +36,7 @@ from gpuboot.errors import UsageError
 from gpuboot.gitops import queues as kai_queues
 from gpuboot.gitops import tenants as tenancy
 from gpuboot.gitops import vclusters
+from gpuboot.phases import catalog
 from gpuboot.phases.render import phase_files
 
 ARGOCD_NAMESPACE = "argocd"
@@ -55,7 +56,8 @@ TENANT_GUARDRAILS = (("", "ResourceQuota"), ("", "LimitRange"), ("networking.k8s
 
 @dataclass(frozen=True)
 class Addon:
-    """An add-on `gpuboot up` installs with playbooks/tasks/install_chart.yml."""
+    """An add-on `gpuboot up` installs with playbooks/tasks/install_chart.yml and Argo CD takes
+    over: every fact of it is the phase's (its catalog entry, role and playbook)."""
 
     name: str      # its directory in the repository and its Application's suffix
     phase: str     # the phase of `up` that installs it
@@ -63,12 +65,16 @@ class Addon:
     release: str   # chart_install_release in the phase's playbook
     chart: str     # the release matrix's key
 
+    @classmethod
+    def of(cls, phase: catalog.Phase) -> Addon:
+        if phase.addon is None or phase.release is None:
+            raise ValueError(f"phase {phase.name} installs no add-on")
+        return cls(name=Path(catalog.addon_directory(phase.addon)).name, phase=phase.name, role=phase.addon,
+                   release=phase.release, chart=phase.addon)
 
-ADDONS = (
-    Addon("calico", "cni", "calico", "tigera-operator", "calico"),
-    Addon("network-operator", "network_operator", "network_operator", "network-operator", "network_operator"),
-    Addon("gpu-operator", "gpu_operator", "gpu_operator", "gpu-operator", "gpu_operator"),
-)
+
+# In the order `up` installs them.
+ADDONS = tuple(Addon.of(phase) for phase in catalog.UP if phase.addon)
 # Installed by Argo CD alone (gpuboot.kai_scheduler): no phase of `up` installs it.
 KAI_SCHEDULER = "kai-scheduler"
 # An Application whose objects' kinds come from another Application's CRDs: Argo CD's dry run

@@ -51,16 +51,18 @@ def cis_file_modes() -> dict[str, list[dict]]:
 ROLE_SETTING = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
+def _role_settings(role: str, part: str) -> dict:
+    """roles/<role>/<part>/main.yml (defaults or vars), or nothing."""
+    path = content.content_dir() / "roles" / role / part / "main.yml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
 @cache
 def role_files(role: str) -> tuple[str, ...]:
     """Where the role puts the files it lists once as `<role>_files` (roles/<role>/vars/main.yml:
     its tasks write them, `gpuboot render` shows them), as a phase's result names them: a file
     written per loop item as a glob. The paths are read, never restated in the catalog."""
-    root = content.content_dir() / "roles" / role
-    scope: dict = {}
-    for part in ("defaults", "vars"):
-        path = root / part / "main.yml"
-        scope |= (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    scope = _role_settings(role, "defaults") | _role_settings(role, "vars")
 
     def resolve(text: str, seen: tuple[str, ...] = ()) -> str:
         def setting(found: re.Match) -> str:
@@ -79,6 +81,58 @@ def role_files(role: str) -> tuple[str, ...]:
         return resolved
 
     return tuple(resolve(entry["dest"]) for entry in scope[f"{role}_files"].values())
+
+
+
+
+@cache
+def addon_directory(role: str) -> str:
+    """Where an add-on role writes what its chart is installed with (`<role>_dir` in its
+    defaults): the phase's result and the GitOps repository's add-on directory read it there."""
+    found = _role_settings(role, "defaults").get(f"{role}_dir")
+    if not isinstance(found, str) or not found.startswith("/"):
+        raise ValueError(f"roles/{role}/defaults/main.yml: {role}_dir, an absolute path, is what an add-on role "
+                         "writes its chart's values and objects under")
+    return found
+
+
+def addon_files(role: str) -> tuple[str, ...]:
+    """The files an add-on role leaves: every object and the values under its directory."""
+    return (f"{addon_directory(role)}/*.yaml",)
+
+
+def _tasks_files(tasks: list, base: Path) -> list[tuple[dict, Path]]:
+    """(task, the directory its includes resolve from) for every task, following
+    include_tasks/import_tasks into their files."""
+    found: list[tuple[dict, Path]] = []
+    for task in tasks or []:
+        found.append((task, base))
+        for key in ("block", "rescue", "always"):
+            found += _tasks_files(task.get(key), base)
+        for key in ("ansible.builtin.include_tasks", "ansible.builtin.import_tasks"):
+            included = task.get(key)
+            if isinstance(included, dict):
+                included = included.get("file")
+            if isinstance(included, str) and "{{" not in included:
+                path = base / included
+                found += _tasks_files(yaml.safe_load(path.read_text()) or [], path.parent)
+    return found
+
+
+@cache
+def chart_release(playbook: str) -> str:
+    """The Helm release the playbook installs (`chart_install_release` of its include of
+    playbooks/tasks/install_chart.yml, however deep): one per add-on phase."""
+    path = content.playbook(playbook)
+    releases = {task["vars"]["chart_install_release"]
+                for play in yaml.safe_load(path.read_text()) or []
+                for key in ("pre_tasks", "tasks", "post_tasks")
+                for task, _ in _tasks_files(play.get(key), path.parent)
+                if "chart_install_release" in (task.get("vars") or {})}
+    if len(releases) != 1:
+        raise ValueError(f"playbooks/{playbook} installs {len(releases)} chart releases ({sorted(releases)}): "
+                         "an add-on phase installs exactly one with tasks/install_chart.yml")
+    return releases.pop()
 
 
 Unbuilt = Callable[[GpubootSettings], "str | None"]
@@ -127,6 +181,9 @@ class Phase:
     node_local: bool = False
     # What a person reading `plan` should know about this phase for this cluster.
     notes: Callable[[Cluster], list[str]] = field(default=lambda cluster: [], compare=False)
+    # The add-on role whose chart this phase installs and Argo CD takes over at the handoff:
+    # the role names the release matrix's component, its directory the add-on's in Git.
+    addon: str | None = None
 
     def idle(self, cluster: Cluster) -> str | None:
         return self.idle_when(cluster)
@@ -206,6 +263,11 @@ class Phase:
         if not self.implemented:
             return f"{self.name} is not built yet"
         return self.unbuilt(settings)
+
+    @property
+    def release(self) -> str | None:
+        """The Helm release of its add-on (None for a phase without one)."""
+        return chart_release(self.playbook) if self.addon else None
 
     def pulls_for(self, cluster: Cluster) -> tuple[str, ...]:
         if self.idle(cluster):
@@ -322,19 +384,20 @@ UP: tuple[Phase, ...] = (
           Result(files=role_files("kube_vip")), pulls=("kube_vip",), idle_when=_kube_vip_idle),
     Phase("workers_join", "Worker joins", "workers_join.yml", KUBELET, pulls=("kubernetes",)),
     Phase("cni", "Pod network (Calico, or bridge)", "cni.yml", _cni_result, pulls=("calico",),
-          repairs_per_host=False),
+          repairs_per_host=False, addon="calico"),
     # What gpuboot applies lives on the first control plane; the objects live in the cluster.
     # The NIC driver (DOCA) is ready before the GPU driver loads: NVIDIA's order for GPUDirect.
     Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml",
-          Result(files=("/etc/gpuboot/addons/network-operator/*.yaml",)), pulls=("network_operator",),
-          idle_when=_no_nics),
+          Result(files=addon_files("network_operator")), pulls=("network_operator",),
+          idle_when=_no_nics, addon="network_operator"),
     Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml",
-          Result(files=("/etc/gpuboot/addons/gpu-operator/*.yaml",)), pulls=("gpu_operator",), idle_when=_no_gpus),
+          Result(files=addon_files("gpu_operator")), pulls=("gpu_operator",), idle_when=_no_gpus,
+          addon="gpu_operator"),
     # The gate: it only reads (its smoke pods are deleted), so it runs whenever `up` reaches it.
     Phase("validate", "Cluster validation", "validate.yml", pulls=("validate",), gate=True),
     # Argo CD from the mirror, the rendered repository pushed once, then Git owns the add-ons.
     Phase("gitops_handoff", "GitOps handoff (Argo CD)", "gitops_handoff.yml",
-          Result(files=("/etc/gpuboot/addons/argocd/*.yaml",)), pulls=("argocd",),
+          Result(files=addon_files("argocd")), pulls=("argocd",),
           unbuilt=_gitops_unbuilt, idle_when=_no_gitops),
 )
 
