@@ -35,12 +35,6 @@ def test_every_phase_playbook_exists_and_targets_its_hosts(phase):
             assert task["name"].startswith(phase.name) or task["name"].split(" | ")[0], task
 
 
-def test_up_yml_imports_every_phase_in_catalog_order():
-    imports = [entry["ansible.builtin.import_playbook"]
-               for entry in yaml.safe_load((ROOT / "playbooks" / "up.yml").read_text())]
-    assert imports == [p.playbook for p in UP]
-
-
 def test_phases_say_when_they_are_not_built_for_the_settings():
     by = {p.name: p for p in UP}
     cluster = load_cluster(ROOT / "inventories" / "sample" / "inventory.yml")
