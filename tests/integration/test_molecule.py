@@ -9,10 +9,11 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def runner(lab, tmp_path_factory):
+def results(lab, tmp_path_factory):
+    """Every scenario's result, run two at a time (ha_endpoint alone, after the others)."""
     # `lab` is requested only so that a machine without the lab skips (or fails in CI) the same way.
     with ScenarioRunner(tmp_path_factory.mktemp("molecule"), log=lambda m: None) as scenarios:
-        yield scenarios
+        yield scenarios.run_all(roles_with_scenarios())
 
 
 def test_every_role_has_a_scenario():
@@ -22,10 +23,10 @@ def test_every_role_has_a_scenario():
 
 
 @pytest.mark.parametrize("role", roles_with_scenarios())
-def test_molecule_scenario_passes(runner, role):
+def test_molecule_scenario_passes(results, role):
     """check, converge, idempotence, verify. A scenario whose inputs passed before on this
     machine is reported as skipped (REUSED), with the record it stands on."""
-    result = runner.run(role)
+    result = results[role]
     if result.cached:
         pytest.skip(f"REUSED: {role}'s scenario passed on this machine with identical inputs; record "
                     f"{result.log}; GPUBOOT_MOLECULE_FRESH=1 runs it")

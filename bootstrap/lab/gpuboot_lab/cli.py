@@ -83,12 +83,14 @@ def lab_status(app: App, name: str, output: str) -> None:
 @lab.command("molecule")
 @click.argument("roles", nargs=-1)
 @click.option("--keep", is_flag=True, help="Keep the molecule network and apt cache afterwards.")
+@click.option("--parallel", default=2, show_default=True, type=click.IntRange(1, 8),
+              help="Scenarios at once (ha_endpoint's always runs alone, after the others).")
 @pass_app
-def lab_molecule(app: App, roles: tuple[str, ...], keep: bool) -> None:
-    """Run `molecule test` for every role (or the ones named), one after another."""
+def lab_molecule(app: App, roles: tuple[str, ...], keep: bool, parallel: int) -> None:
+    """Run `molecule test` for every role (or the ones named), a few at a time."""
     from gpuboot_lab.errors import LabError
     from gpuboot_lab.molecule import run_scenarios
-    results = run_scenarios(app.state_dir, roles, log=lambda m: app.console.print(m), keep=keep)
+    results = run_scenarios(app.state_dir, roles, log=lambda m: app.console.print(m), keep=keep, parallel=parallel)
     for r in results:
         app.console.print(f"  {'[green]ok[/]' if r.ok else '[red]FAILED[/]'} {r.role:20} {r.seconds:6.1f}s  {r.log}")
     failed = [r.role for r in results if not r.ok]
