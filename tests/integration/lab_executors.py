@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuboot_lab.cluster import Lab
+from gpuboot_lab.cluster import Lab, container_name
 
 FIRST_HOST = 200  # executors take the lab subnet's hosts from .200 up, clear of the nodes
 
@@ -61,5 +61,5 @@ def start(lab: Lab, count: int, inventory: Path, workdir: Path) -> Executors:
     data["all"]["vars"]["gpuboot"]["executors"] = [{**e, "known_hosts_file": str(known)} for e in executors]
     split = workdir / f"{inventory.stem}-{count}-executors.yml"
     split.write_text(yaml.safe_dump(data, sort_keys=False))
-    containers = [f"gpuboot-{state.spec.name}-{e['name']}" for e in executors]
+    containers = [container_name(state.spec.name, e["name"]) for e in executors]
     return Executors(split, containers, {e["name"]: e["address"] for e in executors})

@@ -29,7 +29,7 @@ from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.phases.catalog import cis_file_modes
 from gpuboot_lab import artifacts as lab_artifacts
-from gpuboot_lab.cluster import LabSpec
+from gpuboot_lab.cluster import LabSpec, container_name
 from tests.integration.conftest import built_kubectl, kubernetes_lab, lab_kubectl, ssh
 from tests.support.faults import PowerCut, freeze_when_seen
 from tests.support.probe import ApiProbe
@@ -381,7 +381,7 @@ def test_upgrade_to_the_next_release_for_real_with_the_api_and_a_budgeted_deploy
         _apply(cluster, CRASHER, "delete")
         w2 = f"{NAME}-w2"
         seen = freeze_when_seen(cluster, w2, "kubeadm upgrade nod[e]", "/run/gpuboot-fault-kubeadm-seen")
-        cut = PowerCut(cluster, w2, f"gpuboot-{NAME}-w2", seen, timeout=1800)
+        cut = PowerCut(cluster, w2, container_name(NAME, w2), seen, timeout=1800)
         with cut:
             code = run(["upgrade", inventory, "--to", UPGRADE_TO, "--resume", "--output", "json"])
         lost = capsys.readouterr().out
@@ -591,7 +591,7 @@ def test_reset_then_up_with_power_lost_mid_join_on_a_control_plane_and_a_worker_
     cut.power_on()
     # What etcd holds for cp3 now (a learner, a member that never started, or none): the next run's to mend.
     cp3_after_cut = [m for m in _etcd_member_list(cluster) if m.get("name", "") in ("", f"{NAME}-cp3")]
-    cut = PowerCut(cluster, f"{NAME}-w2", f"gpuboot-{NAME}-w2", "pgrep -x kubeadm")
+    cut = PowerCut(cluster, f"{NAME}-w2", container_name(NAME, "w2"), "pgrep -x kubeadm")
     with cut:
         code = run(["up", inventory, "--to", "cni", "--output", "json"])
     said = capsys.readouterr().out
@@ -656,7 +656,7 @@ def test_losing_the_vip_holder_moves_the_vip_and_the_api_answers_through_it(clus
     _wait_until(lambda: _api_servers_not_ready(cluster, names) + _etcd_unhealthy(cluster), timeout=180)
     holder = _vip_holder(cluster, names, vip)
     survivors = [h for h in names if h != holder]
-    container = f"gpuboot-{NAME}-{holder.removeprefix(NAME + '-')}"
+    container = container_name(NAME, holder)
     subprocess.run(["podman", "stop", "-t", "2", container], check=True, capture_output=True)
     stopped = time.monotonic()
     deadline = stopped + 60

@@ -31,7 +31,7 @@ import yaml
 
 from gpuboot import processes
 from gpuboot.cli.main import run
-from gpuboot_lab.cluster import LabSpec
+from gpuboot_lab.cluster import LabSpec, container_name
 from tests.integration.conftest import kubernetes_lab, ssh
 from tests.support.faults import Firewall
 from tests.support.reuse import reuse_module
@@ -85,7 +85,7 @@ def _events(output: str) -> list[dict]:
 
 
 def _container(node: str) -> str:
-    return f"gpuboot-{NAME}-{node.removeprefix(NAME + '-')}"
+    return container_name(NAME, node)
 
 
 def _wait_until(problems, timeout: float) -> None:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from gpuboot.cli.main import run
-from gpuboot_lab.cluster import LabSpec
+from gpuboot_lab.cluster import LabSpec, container_name
 from tests.doubles.gpu_operator.operator import FAULT_DIR, DoubleGpuOperator, Hardware
 from tests.doubles.hardware.sysfs import build_tree, hgx_server
 from tests.integration.conftest import ssh
@@ -74,7 +74,7 @@ def gpu_cluster(reused, lab, tmp_path, monkeypatch, capsys):
             (host_vars / f"{name}.yml").write_text(yaml.safe_dump({"gpuboot_node": node, **extra}))
         tree = tmp_path / "l40s"
         build_tree(hgx_server(gpu_device="0x26b9", gpus=2, nvswitches=0, connectx=0), tree)
-        copied = subprocess.run(["podman", "cp", str(tree), f"gpuboot-{COUNTED_BY_DISCOVERY}:{DOUBLE_ROOT}"],
+        copied = subprocess.run(["podman", "cp", str(tree), f"{container_name(NAME, COUNTED_BY_DISCOVERY)}:{DOUBLE_ROOT}"],
                                 capture_output=True, text=True)
         assert copied.returncode == 0, copied.stderr
         images = add_to_bundle(node_lab.bundle, node_lab.inventory, node_lab.helm)

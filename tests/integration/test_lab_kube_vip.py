@@ -22,7 +22,7 @@ import yaml
 from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.mirror.bundle import Bundle
-from gpuboot_lab.cluster import LabSpec
+from gpuboot_lab.cluster import LabSpec, container_name
 from gpuboot_lab.operators import KUBE_VIP, OperatorBuild, images
 from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 from tests.integration.conftest import edit_inventory, kubernetes_lab, ssh
@@ -124,7 +124,7 @@ def test_losing_the_vip_holder_moves_the_vip_and_the_api_answers_through_it(clus
     holder = holders(cluster, CONTROL_PLANES)
     assert len(holder) == 1, holder
     survivors = [h for h in CONTROL_PLANES if h != holder[0]]
-    subprocess.run(["podman", "stop", "-t", "0", f"gpuboot-{holder[0]}"], check=True, capture_output=True)
+    subprocess.run(["podman", "stop", "-t", "0", container_name(NAME, holder[0])], check=True, capture_output=True)
     stopped = time.monotonic()
     while True:
         answer = kubectl(cluster, "get", "nodes", "-o", "name", timeout=3)

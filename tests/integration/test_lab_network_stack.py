@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from gpuboot.cli.main import run
-from gpuboot_lab.cluster import LabSpec
+from gpuboot_lab.cluster import LabSpec, container_name
 from tests.doubles.hardware.sysfs import build_tree, hgx_server
 from tests.doubles.network_operator.operator import DoubleNetworkOperator
 from tests.support.addon_doubles import add_to_bundle
@@ -68,7 +68,7 @@ def net_cluster(reused, lab, tmp_path, monkeypatch, capsys):
         # The HGX-like worker's hardware, on the node for preflight and here for the double operator.
         tree = tmp_path / "hgx"
         sys_root, _ = build_tree(hgx_server(gpus=0, nvswitches=0, connectx=8, link="ib", management=2, bond=True), tree)
-        copied = subprocess.run(["podman", "cp", str(tree), f"gpuboot-{HGX}:{DOUBLE_ROOT}"], capture_output=True, text=True)
+        copied = subprocess.run(["podman", "cp", str(tree), f"{container_name(NAME, HGX)}:{DOUBLE_ROOT}"], capture_output=True, text=True)
         assert copied.returncode == 0, copied.stderr
         (node_lab.inventory.parent / "host_vars").mkdir()
         write_hgx(node_lab.inventory, NICS)

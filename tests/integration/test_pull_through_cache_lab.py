@@ -20,6 +20,7 @@ import pytest
 from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.mirror.serve import ServeSpec, start
+from gpuboot_lab.cluster import container_name
 from tests.integration.conftest import edit_inventory, ssh
 from tests.support.mirror_fixture import IMAGE_CACHE, free_port
 from tests.support.oci_layout import busybox_binaries, push, write_layout
@@ -40,7 +41,7 @@ def site(lab, tmp_path_factory):
     hosts = list(ip_network(state.spec.subnet).hosts())
     gateway, address = str(hosts[0]), str(hosts[MIRROR_HOST])
     upstream = start(ServeSpec(work / "upstream", f"{gateway}:{free_port()}", tls=False))
-    container = f"gpuboot-{state.spec.name}-{MIRROR}"
+    container = container_name(state.spec.name, MIRROR)
     try:
         binaries = busybox_binaries(IMAGE_CACHE)
         for tag, ref in (("cached", CACHED), ("never", NEVER_PULLED)):

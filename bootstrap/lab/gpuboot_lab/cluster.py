@@ -57,6 +57,11 @@ class LabState:
     addresses: dict[str, str] = field(default_factory=dict)
 
 
+def container_name(lab: str, host: str) -> str:
+    """The podman container of a lab host (`<lab>-cp1`, or a host named without the lab's prefix)."""
+    return f"gpuboot-{lab}-{host.removeprefix(lab + '-')}"
+
+
 class Lab:
     def __init__(self, lab_dir: Path, cache_dir: Path = DEFAULT_CACHE, log=print) -> None:
         self.dir = lab_dir
@@ -183,7 +188,7 @@ class Lab:
 
     def _run_node(self, state: LabState, image: str, key: Path, name: str, add_hosts: list[str]) -> None:
         spec = state.spec
-        container = f"gpuboot-{spec.name}-{name.removeprefix(spec.name + '-')}"
+        container = container_name(spec.name, name)
         args = [*self._container_args(state, container, name, state.addresses[name], add_hosts),
                 "--sysctl", "net.ipv4.ip_nonlocal_bind=1", "--sysctl", "net.ipv4.ip_forward=1",
                 "-v", f"{self.dir / 'authorized_keys'}:/home/gpuboot/.ssh/authorized_keys:ro"]
@@ -223,7 +228,7 @@ class Lab:
         if state is None:
             raise LabError(f"no lab under {self.dir}", hint="run `gpuboot lab up` first")
         image = ensure_image(self.podman, self.cache_dir, self.log)
-        container = f"gpuboot-{state.spec.name}-{name}"
+        container = container_name(state.spec.name, name)
         add_hosts = [arg for node, ip in state.addresses.items() for arg in ("--add-host", f"{node}:{ip}")]
         self.podman.run("rm", "-f", container, check=False)
         self.podman.run(*self._container_args(state, container, f"{state.spec.name}-{name}", address, add_hosts),
@@ -328,7 +333,7 @@ class Lab:
         running = {c["Names"][0]: c.get("State", "?") for c in self.podman.containers(f"{LABEL}={state.spec.name}")}
         rows = []
         for name, ip in state.addresses.items():
-            container = f"gpuboot-{state.spec.name}-{name.removeprefix(state.spec.name + '-')}"
+            container = container_name(state.spec.name, name)
             rows.append({"host": name, "address": ip, "container": container,
                          "state": running.get(container, "missing")})
         return rows
