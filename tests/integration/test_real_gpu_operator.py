@@ -184,14 +184,9 @@ def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_ima
     chart = ChartSource("real", tmp_path / "charts").chart("gpu-operator", str(pinned["version"]), release.name)
     objects = helm_template(helm, chart, "gpu-operator", NAMESPACE, release.kubernetes.version,
                             (addon / "values.yaml").read_text())
-    crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
-    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(crds))
-    for crd in crds:
-        api.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
+    api.apply_crds(objects)
     # A clean slate per case: the operator's DaemonSets, the policies and the Nodes of the last one.
-    api.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s")
-    api.kubectl("delete", "clusterpolicies.nvidia.com,nvidiadrivers.nvidia.com,nodes", "--all", "--wait=true")
-    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / "namespace.yaml"))
+    api.clean_slate(NAMESPACE, "clusterpolicies.nvidia.com,nvidiadrivers.nvidia.com,nodes", addon / "namespace.yaml")
     for name, labels in gpu_nodes(cluster).items():
         node = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",

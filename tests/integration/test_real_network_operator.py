@@ -157,14 +157,9 @@ def test_the_real_network_operator_deploys_what_the_mirror_plan_lists(case, oper
     chart = ChartSource("real", tmp_path / "charts").chart(chart_name, str(pinned["version"]), release.name)
     objects = helm_template(helm, chart, chart_name, namespace, release.kubernetes.version,
                             (addon / "values.yaml").read_text())
-    crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
-    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(crds))
-    for crd in crds:
-        api.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
+    api.apply_crds(objects)
     # A clean slate per case: the operator's workloads, the policy and the Nodes of the last one.
-    api.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=120s")
-    api.kubectl("delete", "nicclusterpolicies.mellanox.com,nodes", "--all", "--wait=true")
-    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / "namespace.yaml"))
+    api.clean_slate(namespace, "nicclusterpolicies.mellanox.com,nodes", addon / "namespace.yaml")
     fabric = fabric_nodes(cluster)
     # Nodes outside the fabric too: the operator must leave them alone.
     others = [n.name for n in cluster.cluster_nodes if n.name not in fabric][:2]

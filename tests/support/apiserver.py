@@ -61,6 +61,20 @@ class ApiServer:
             time.sleep(0.3)
         raise AssertionError(f"kubectl get {' '.join(args)} never showed {jsonpath}")
 
+    def apply_crds(self, objects: list[dict]) -> None:
+        """A chart's CRDs applied server-side, as gpuboot applies them, and waited for."""
+        crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
+        self.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(crds))
+        for crd in crds:
+            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
+
+    def clean_slate(self, namespace: str, kinds: str, namespace_file: Path) -> None:
+        """The namespace and every object of `kinds` (Nodes among them) deleted, and the
+        namespace applied again: one case does not see the last one's objects."""
+        self.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=120s")
+        self.kubectl("delete", kinds, "--all", "--wait=true")
+        self.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(namespace_file))
+
     def start(self) -> ApiServer:
         etcd_port, peer_port = free_port(), free_port()
         self.port = free_port()

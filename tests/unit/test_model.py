@@ -13,6 +13,18 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "inventories" / "sample" / "inventory.yml"
 
 
+# The smallest valid inventory, for cases about what lies beside it (group_vars/, host_vars/).
+ONE_CONTROL_PLANE = """\
+    all:
+      vars:
+        gpuboot: {cluster_name: b, release: k8s-1.36, control_plane: {vip: 10.0.0.100}}
+      children:
+        control_plane:
+          hosts:
+            cp1: {ansible_host: 10.0.0.11}
+    """
+
+
 def write(tmp_path: Path, text: str, name: str = "inventory.yml") -> Path:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
@@ -110,15 +122,7 @@ def test_gpuboot_defined_twice_is_an_error(tmp_path):
     (tmp_path / "group_vars").mkdir()
     (tmp_path / "group_vars" / "all.yml").write_text(
         "gpuboot: {cluster_name: a, release: k8s-1.36, control_plane: {vip: 10.0.0.100}}\n")
-    inv = write(tmp_path, """\
-        all:
-          vars:
-            gpuboot: {cluster_name: b, release: k8s-1.36, control_plane: {vip: 10.0.0.100}}
-          children:
-            control_plane:
-              hosts:
-                cp1: {ansible_host: 10.0.0.11}
-        """)
+    inv = write(tmp_path, ONE_CONTROL_PLANE)
     with pytest.raises(InventoryError, match="defined in 2 places"):
         load_cluster(inv)
 
@@ -126,15 +130,7 @@ def test_gpuboot_defined_twice_is_an_error(tmp_path):
 def test_group_vars_file_for_unknown_group_is_flagged(tmp_path):
     (tmp_path / "group_vars").mkdir()
     (tmp_path / "group_vars" / "gpu_worker.yml").write_text("x: 1\n")
-    inv = write(tmp_path, """\
-        all:
-          vars:
-            gpuboot: {cluster_name: b, release: k8s-1.36, control_plane: {vip: 10.0.0.100}}
-          children:
-            control_plane:
-              hosts:
-                cp1: {ansible_host: 10.0.0.11}
-        """)
+    inv = write(tmp_path, ONE_CONTROL_PLANE)
     with pytest.raises(InventoryError, match="gpu_worker"):
         load_cluster(inv)
 
