@@ -1,0 +1,270 @@
+// TEST DOUBLE of NVIDIA's k8s-device-plugin (nvcr.io/nvidia/k8s-device-plugin), for lab nodes
+// that have no GPU: it registers with the real kubelet through the device-plugin API
+// (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1), one endpoint per resource as the real plugin
+// does, and advertises the node's double GPUs, MIG devices and time-sliced replicas for its
+// config, so that a node's allocatable comes from the kubelet. It registers again whenever
+// the kubelet restarts (a new kubelet.sock), as the real plugin does.
+//
+// It is never part of gpuboot: the lab builds it into the image the GPU Operator deploys as
+// its device plugin.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+func main() {
+	configFile := flag.String("config-file", os.Getenv("CONFIG_FILE"), "the plugin's config (as the real plugin's --config-file)")
+	hardwareFile := flag.String("hardware", envOr("GPUBOOT_DOUBLE_HARDWARE", "/run/gpuboot-double/gpus.json"),
+		"the node's double GPUs, as NVML would report them")
+	pluginDir := flag.String("plugin-dir", api.DevicePluginPath, "the kubelet's device-plugin folder")
+	once := flag.Bool("print", false, "print the resources it would advertise, and exit")
+	flag.Parse()
+
+	resources, err := load(*configFile, *hardwareFile)
+	if err != nil {
+		log.Fatalf("device plugin double: %v", err)
+	}
+	if *once {
+		for _, name := range sortedNames(resources) {
+			fmt.Printf("%s=%d\n", name, len(resources[name]))
+		}
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := Serve(ctx, *pluginDir, resources, failRequestsGreaterThanOne(*configFile)); err != nil {
+		log.Fatalf("device plugin double: %v", err)
+	}
+}
+
+func load(configFile, hardwareFile string) (map[string][]Device, error) {
+	config, err := LoadConfig(configFile)
+	if err != nil {
+		return nil, err
+	}
+	hardware, err := LoadHardware(hardwareFile)
+	if err != nil {
+		return nil, err
+	}
+	return Resources(hardware, config)
+}
+
+func failRequestsGreaterThanOne(configFile string) bool {
+	config, err := LoadConfig(configFile)
+	if err != nil || config.Sharing.TimeSlicing == nil || config.Sharing.TimeSlicing.FailRequestsGreaterThanOne == nil {
+		return false
+	}
+	return *config.Sharing.TimeSlicing.FailRequestsGreaterThanOne
+}
+
+func envOr(name, fallback string) string {
+	if value := os.Getenv(name); value != "" {
+		return value
+	}
+	return fallback
+}
+
+func sortedNames(resources map[string][]Device) []string {
+	var names []string
+	for name := range resources {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// endpoint: the socket a resource is served on, in the kubelet's folder (nvidia-gpu.sock,
+// nvidia-mig-1g.10gb.sock).
+func endpoint(resource string) string {
+	return "nvidia-" + strings.TrimPrefix(resource, resourcePrefix) + ".sock"
+}
+
+// Serve registers every resource with the kubelet and serves it until ctx ends, registering
+// again after each kubelet restart.
+func Serve(ctx context.Context, dir string, resources map[string][]Device, strictShare bool) error {
+	kubeletSocket := filepath.Join(dir, filepath.Base(api.KubeletSocket))
+	for {
+		seen, err := waitFor(ctx, kubeletSocket)
+		if err != nil {
+			return nil // stopped
+		}
+		var servers []*grpc.Server
+		var sockets []string
+		for _, name := range sortedNames(resources) {
+			server, err := start(dir, name, resources[name], strictShare)
+			if err != nil {
+				return err
+			}
+			servers = append(servers, server)
+			sockets = append(sockets, filepath.Join(dir, endpoint(name)))
+			if err := register(ctx, kubeletSocket, name); err != nil {
+				log.Printf("registering %s: %v (retrying when the kubelet restarts)", name, err)
+			} else {
+				log.Printf("registered %s: %d devices", name, len(resources[name]))
+			}
+		}
+		restarted := waitForChange(ctx, kubeletSocket, seen, sockets)
+		for _, server := range servers {
+			server.Stop()
+		}
+		if !restarted {
+			return nil
+		}
+		log.Printf("the kubelet restarted: registering again")
+	}
+}
+
+func start(dir, name string, devices []Device, strictShare bool) (*grpc.Server, error) {
+	path := filepath.Join(dir, endpoint(name))
+	_ = os.Remove(path)
+	listener, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %v", path, err)
+	}
+	server := grpc.NewServer()
+	api.RegisterDevicePluginServer(server, &plugin{name: name, devices: devices, strictShare: strictShare})
+	go func() { _ = server.Serve(listener) }()
+	return server, nil
+}
+
+func register(ctx context.Context, kubeletSocket, name string) error {
+	conn, err := grpc.NewClient("unix://"+kubeletSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	callCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = api.NewRegistrationClient(conn).Register(callCtx, &api.RegisterRequest{
+		Version: api.Version, Endpoint: endpoint(name), ResourceName: name,
+		Options: &api.DevicePluginOptions{GetPreferredAllocationAvailable: false},
+	})
+	return err
+}
+
+// socketID: what tells one kubelet.sock from the next: a restarted kubelet makes it anew (an
+// inode number can be reused, its change time is new).
+type socketID struct {
+	inode uint64
+	ctime syscall.Timespec
+}
+
+func identify(path string) (socketID, bool) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return socketID{}, false
+	}
+	stat := info.Sys().(*syscall.Stat_t)
+	return socketID{stat.Ino, stat.Ctim}, true
+}
+
+// waitFor: the kubelet socket's identity once it exists.
+func waitFor(ctx context.Context, path string) (socketID, error) {
+	for {
+		if id, found := identify(path); found {
+			return id, nil
+		}
+		select {
+		case <-ctx.Done():
+			return socketID{}, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// waitForChange: true when the kubelet restarted (its socket made anew, or ours removed: a
+// starting kubelet deletes every plugin's socket), false when ctx ended.
+func waitForChange(ctx context.Context, path string, seen socketID, ours []string) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(time.Second):
+		}
+		if id, found := identify(path); found && id != seen {
+			return true
+		}
+		for _, socket := range ours {
+			if _, err := os.Stat(socket); err != nil {
+				return true
+			}
+		}
+	}
+}
+
+type plugin struct {
+	api.UnimplementedDevicePluginServer
+	name        string
+	devices     []Device
+	strictShare bool
+}
+
+func (p *plugin) GetDevicePluginOptions(context.Context, *api.Empty) (*api.DevicePluginOptions, error) {
+	return &api.DevicePluginOptions{}, nil
+}
+
+func (p *plugin) ListAndWatch(_ *api.Empty, stream grpc.ServerStreamingServer[api.ListAndWatchResponse]) error {
+	response := &api.ListAndWatchResponse{}
+	for _, device := range p.devices {
+		response.Devices = append(response.Devices, &api.Device{ID: device.ID, Health: api.Healthy})
+	}
+	if err := stream.Send(response); err != nil {
+		return err
+	}
+	<-stream.Context().Done() // the double's devices never change
+	return nil
+}
+
+func (p *plugin) Allocate(_ context.Context, request *api.AllocateRequest) (*api.AllocateResponse, error) {
+	byID := map[string]Device{}
+	for _, device := range p.devices {
+		byID[device.ID] = device
+	}
+	response := &api.AllocateResponse{}
+	for _, container := range request.ContainerRequests {
+		if p.strictShare && len(container.DevicesIds) > 1 {
+			return nil, fmt.Errorf("request for '%v: %v' too large: maximum request size for shared resources is 1",
+				p.name, len(container.DevicesIds))
+		}
+		var visible []string
+		seen := map[string]bool{}
+		for _, id := range container.DevicesIds {
+			device, found := byID[id]
+			if !found {
+				return nil, fmt.Errorf("invalid allocation request for '%s': unknown device: %s", p.name, id)
+			}
+			if !seen[device.Underlying] {
+				seen[device.Underlying] = true
+				visible = append(visible, device.Underlying)
+			}
+		}
+		response.ContainerResponses = append(response.ContainerResponses, &api.ContainerAllocateResponse{
+			Envs: map[string]string{"NVIDIA_VISIBLE_DEVICES": strings.Join(visible, ",")},
+		})
+	}
+	return response, nil
+}
+
+func (p *plugin) GetPreferredAllocation(context.Context, *api.PreferredAllocationRequest) (*api.PreferredAllocationResponse, error) {
+	return &api.PreferredAllocationResponse{}, nil
+}
+
+func (p *plugin) PreStartContainer(context.Context, *api.PreStartContainerRequest) (*api.PreStartContainerResponse, error) {
+	return &api.PreStartContainerResponse{}, nil
+}
