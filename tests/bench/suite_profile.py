@@ -3,10 +3,11 @@
 A pytest plugin that CI loads (`-p tests.bench.suite_profile`). The CPU figure is the whole
 machine's (/proc/stat), not pytest's own: a lab module's cost is mostly in its nodes'
 processes (kubelet, etcd, the API servers, sshd, Ansible's forks), which are not pytest's
-children. It is exact only while one module runs at a time, as in CI.
+children. It is exact only while one module runs at a time: with .ci/run's lanes each lane's
+figure also holds what the other lanes ran meanwhile (the wall times stay each module's own).
 
 At the end it prints the costliest modules and writes every module's figures, with the commit
-and the machine, to ~/.cache/gpuboot/suite-profile/<time>-<commit>.json. A module whose every
+and the machine, to ~/.cache/gpuboot/suite-profile/<time>-<commit>[-lane<N>].json. A module whose every
 test was skipped as REUSED shows as reused: its cost there is the check, not the test.
 
     .venv/bin/python -m tests.bench.suite_profile FILE.json   # the table again from a record
@@ -138,7 +139,10 @@ def pytest_terminal_summary(terminalreporter):
     record = _profile.record(_commit(), os.cpu_count() or 1)
     out = cache_dir()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{record['date'].replace(':', '')}-{record['commit']}.json"
+    # .ci/run's lanes finish close together: each keeps its own record.
+    lane = os.environ.get("GPUBOOT_TEST_LANE")
+    suffix = f"-lane{lane}" if lane else ""
+    path = out / f"{record['date'].replace(':', '')}-{record['commit']}{suffix}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     terminalreporter.write_sep("=", "suite cost per module")
     for line in table(record):

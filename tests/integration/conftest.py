@@ -24,8 +24,21 @@ from gpuboot_lab.errors import LabError
 from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
 from tests.support.apiserver import ETCD, ApiServer
 
-LAB_NAME = "itest"
-LAB_SUBNET = "10.213.9.0/24"
+# .ci/run runs the suite in lanes, one pytest each (tests/bench/lanes.py); every lane has its own
+# shared lab. A module's own lab has a name and subnet no other module uses (a unit test checks).
+LANE_ENV = "GPUBOOT_TEST_LANE"
+
+
+def _lane() -> int:
+    value = os.environ.get(LANE_ENV, "0")
+    if not value.isdigit() or int(value) > 8:
+        raise pytest.UsageError(f"{LANE_ENV}={value!r}: a lane is a number from 0 to 8")
+    return int(value)
+
+
+LANE = _lane()
+LAB_NAME = "itest" if LANE == 0 else f"itest{LANE}"
+LAB_SUBNET = f"10.213.{9 + LANE}.0/24"  # 10.213.9.0/24 to 10.213.17.0/24: no module's own
 
 
 def _lab_possible() -> str | None:
@@ -36,12 +49,19 @@ def _lab_possible() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def lab(tmp_path_factory):
+def lab_required():
+    """Skips (fails in CI, GPUBOOT_REQUIRE_LAB=1) where the lab cannot run: for tests that bring
+    up labs of their own and need nothing of the shared one."""
     reason = _lab_possible()
     if reason:
         if os.environ.get("GPUBOOT_REQUIRE_LAB") == "1":
             pytest.fail(f"lab required but not possible here: {reason}")
         pytest.skip(f"no lab: {reason}")
+
+
+@pytest.fixture(scope="session")
+def lab(lab_required, tmp_path_factory):
+    """The shared lab (one per lane of .ci/run): plain nodes with the release's containerd.io."""
     root = tmp_path_factory.mktemp("lab")
     lab = Lab(root / "_lab" / LAB_NAME, log=lambda msg: None)
     lab.down(LAB_NAME)  # a crashed earlier session may have left one behind

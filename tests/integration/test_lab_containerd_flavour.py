@@ -14,8 +14,7 @@ pytestmark = pytest.mark.lab
 BUILDER = (Path(__file__).resolve().parents[2] / "tests" / "support" / "oci_image.py").read_text()
 
 
-def test_containerd_flavour_runs_a_container_and_down_removes_its_volume(lab, tmp_path):
-    # `lab` first: the shared fixture decides skip-or-fail on machines without the lab.
+def test_containerd_flavour_runs_a_container_and_down_removes_its_volume(lab_required, tmp_path):
     flavoured = Lab(tmp_path / "_lab", log=lambda m: None)
     flavoured.down("ctdtest")
     state = flavoured.up(LabSpec(name="ctdtest", control_planes=1, workers=0, gpu_workers=0,

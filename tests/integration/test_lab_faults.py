@@ -54,7 +54,7 @@ def reused(request):
 
 
 @pytest.fixture(scope="module")
-def cluster(reused, lab, tmp_path_factory):
+def cluster(reused, lab_required, tmp_path_factory):
     # `lab` first: the shared fixture decides skip-or-fail on machines without the lab.
     spec = LabSpec(name=NAME, control_planes=3, workers=1, gpu_workers=0, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)

@@ -62,7 +62,7 @@ def reused(request):
 
 
 @pytest.fixture
-def gitops_cluster(reused, lab, tmp_path, monkeypatch, capsys):
+def gitops_cluster(reused, lab_required, tmp_path, monkeypatch, capsys):
     spec = LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=1, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)
     with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:

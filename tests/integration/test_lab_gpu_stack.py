@@ -58,7 +58,7 @@ def reused(request):
 
 
 @pytest.fixture
-def gpu_cluster(reused, lab, tmp_path, monkeypatch, capsys):
+def gpu_cluster(reused, lab_required, tmp_path, monkeypatch, capsys):
     spec = LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=2, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)
     with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:

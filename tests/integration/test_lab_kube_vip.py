@@ -47,7 +47,7 @@ def reused(request):
 
 
 @pytest.fixture(scope="module")
-def cluster(reused, lab, tmp_path_factory):
+def cluster(reused, lab_required, tmp_path_factory):
     if source_git_dir(KUBE_VIP.origin) is None:
         pytest.skip(f"{KUBE_VIP.origin}'s source tree is not on this machine: git clone --bare "
                     f"https://github.com/{KUBE_VIP.origin} {SOURCE_ROOT}/{KUBE_VIP.origin.replace('/', '+')}/repo")

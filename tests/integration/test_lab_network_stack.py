@@ -32,7 +32,7 @@ from tests.support.reuse import reuse_module
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 NAME = "nstack"
-SUBNET = "10.213.84.0/24"
+SUBNET = "10.213.85.0/24"
 RELEASE = "k8s-1.36"
 HGX = f"{NAME}-w1"
 DOUBLE_ROOT = "/srv/gpuboot-double"
@@ -57,7 +57,7 @@ def reused(request):
 
 
 @pytest.fixture
-def net_cluster(reused, lab, tmp_path, monkeypatch, capsys):
+def net_cluster(reused, lab_required, tmp_path, monkeypatch, capsys):
     spec = LabSpec(name=NAME, control_planes=1, workers=2, gpu_workers=0, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)
     with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:

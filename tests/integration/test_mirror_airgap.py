@@ -34,8 +34,7 @@ STANDIN = Path(__file__).resolve().parents[2] / "tests" / "doubles" / "kube_pack
 
 
 @pytest.fixture
-def airgap_lab(lab, tmp_path):
-    # `lab` first: the shared fixture decides skip-or-fail on machines without the lab.
+def airgap_lab(lab_required, tmp_path):
     with containerd_node(tmp_path, "airgap", SUBNET) as info:
         yield info
 

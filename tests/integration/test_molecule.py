@@ -1,19 +1,25 @@
 """Every role's molecule scenario (check, converge, idempotence, verify) through the harness."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from gpuboot_lab.molecule import ScenarioRunner, roles_with_scenarios
+from gpuboot_lab.molecule import PARALLEL, ScenarioRunner, roles_with_scenarios
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def results(lab, tmp_path_factory):
-    """Every scenario's result, run two at a time (ha_endpoint alone, after the others)."""
-    # `lab` is requested only so that a machine without the lab skips (or fails in CI) the same way.
+def results(lab_required, tmp_path_factory):
+    """Every scenario's result, run two at a time (ha_endpoint alone, after the others). .ci/run
+    sets GPUBOOT_MOLECULE_PARALLEL=1 when another lane builds clusters beside this one: three
+    labs at once on two cores starve the kubeadm clusters' API servers."""
+    parallel = os.environ.get("GPUBOOT_MOLECULE_PARALLEL", str(PARALLEL))
+    if not parallel.isdigit() or int(parallel) < 1:
+        pytest.fail(f"GPUBOOT_MOLECULE_PARALLEL={parallel!r}: a number of scenarios, at least 1")
     with ScenarioRunner(tmp_path_factory.mktemp("molecule"), log=lambda m: None) as scenarios:
-        yield scenarios.run_all(roles_with_scenarios())
+        yield scenarios.run_all(roles_with_scenarios(), parallel=int(parallel))
 
 
 def test_every_role_has_a_scenario():

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 from gpuboot_lab.debroot import fetch_debs
+from gpuboot_lab.locks import building
 from tests.support.oci_image import _blob, _tar
 
 INDEX = "application/vnd.oci.image.index.v1+json"
@@ -29,10 +30,13 @@ def busybox_binaries(cache: Path) -> dict[str, bytes]:
         target = cache / f"busybox-{arch}"
         if not target.is_file():
             work = cache / f"apt-{arch}"
-            deb = fetch_debs(["busybox-static"], work, arch, dependencies=False)[0]
-            extract = work / "root"
-            subprocess.run(["dpkg-deb", "-x", str(deb), str(extract)], check=True)
-            target.write_bytes((extract / "bin" / "busybox").read_bytes())
+            with building(work, f"busybox-static for {arch}", print):  # .ci/run's other lane may want it too
+                if not target.is_file():
+                    deb = fetch_debs(["busybox-static"], work, arch, dependencies=False)[0]
+                    extract = work / "root"
+                    subprocess.run(["dpkg-deb", "-x", str(deb), str(extract)], check=True)
+                    target.with_suffix(".partial").write_bytes((extract / "bin" / "busybox").read_bytes())
+                    target.with_suffix(".partial").replace(target)
         binaries[arch] = target.read_bytes()
     return binaries
 

@@ -28,6 +28,7 @@ from gpuboot.mirror.bundle import Artifact, Bundle
 from gpuboot_lab.artifacts import layered_image
 from gpuboot_lab.debroot import rootfs_tar
 from gpuboot_lab.errors import LabError
+from gpuboot_lab.locks import building
 from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 
 MODULE = "github.com/argoproj/argo-cd/v3"
@@ -138,7 +139,12 @@ class ArgoCDBuild:
         out = self.bin_dir(version)
         if (out / "argocd").is_file() and (out / "kustomize").is_file():
             return out
-        out.mkdir(parents=True, exist_ok=True)
+        with building(out, f"argocd {version}", self.log):
+            return self._build(version, out)
+
+    def _build(self, version: str, out: Path) -> Path:
+        if (out / "argocd").is_file() and (out / "kustomize").is_file():  # built by the process this one waited for
+            return out
         tree = source(version, self.cache_dir)
         work = out / "wrapper"
         work.mkdir(exist_ok=True)

@@ -39,6 +39,7 @@ from gpuboot.mirror.refs import parse_image
 from gpuboot_lab.debroot import rootfs_tar
 from gpuboot_lab.errors import LabError
 from gpuboot_lab.kubernetes import COMPANION_COMMANDS, KubernetesBuild, matrix_versions
+from gpuboot_lab.locks import building
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 PATH_ENV = "PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -326,12 +327,18 @@ def runtime_repository(release_name: str, out: Path | None = None, log: Callable
     deb_name = f"containerd.io_{runtime['version']}_amd64.deb"
     if (out / deb_name).is_file() and (out / "Packages").is_file():
         return out
-    out.mkdir(parents=True, exist_ok=True)
+    with building(out, f"apt repository {out}", log):
+        if not ((out / deb_name).is_file() and (out / "Packages").is_file()):  # made while this one waited
+            _runtime_repository(release, out, deb_name, lab_build, str(runtime["version"]), log)
+    return out
+
+
+def _runtime_repository(release: matrix.Release, out: Path, deb_name: str, lab_build: dict, version: str,
+                        log: Callable[[str], None]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         deb = build_deb(Path(tmp), *containerd_io(KubernetesBuild(log=log), release.kubernetes.version, lab_build,
-                                                  str(runtime["version"])))
+                                                  version))
         shutil.copyfile(deb, out / f"{deb_name}.partial")
         (out / f"{deb_name}.partial").replace(out / deb_name)
     write_index(out)
-    log(f"apt repository {out}: containerd.io={runtime['version']}")
-    return out
+    log(f"apt repository {out}: containerd.io={version}")

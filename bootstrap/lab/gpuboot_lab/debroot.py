@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 
 from gpuboot_lab.errors import LabError
+from gpuboot_lab.locks import building
 
 
 def _apt(work: Path, arch: str) -> list[str]:
@@ -59,6 +60,14 @@ def rootfs_tar(packages: list[str], cache: Path, symlinks: dict[str, str], arch:
     if cached.is_file():
         return cached.read_bytes()
     work = cache / f"apt-{arch}"
+    # One apt download and unpack at a time in the shared work folder.
+    with building(work, f"the {arch} root file system of {', '.join(sorted(packages))}", print):
+        if not cached.is_file():  # made while this one waited
+            _rootfs_tar(packages, work, key, symlinks, arch, cached)
+    return cached.read_bytes()
+
+
+def _rootfs_tar(packages: list[str], work: Path, key: str, symlinks: dict[str, str], arch: str, cached: Path) -> None:
     debs = fetch_debs(packages, work, arch)
     root = work / f"root-{key}"
     subprocess.run(["rm", "-rf", str(root)], check=True)
@@ -80,5 +89,6 @@ def rootfs_tar(packages: list[str], cache: Path, symlinks: dict[str, str], arch:
                     tar.addfile(info, handle)
             else:
                 tar.addfile(info)
-    cached.write_bytes(buffer.getvalue())
-    return cached.read_bytes()
+    partial = cached.with_suffix(".partial")
+    partial.write_bytes(buffer.getvalue())
+    partial.replace(cached)  # a reader never sees half a tar

@@ -22,6 +22,8 @@ from gpuboot import content
 HARNESS_VARIABLES = frozenset({
     "GPUBOOT_TESTS_FRESH", "GPUBOOT_MOLECULE_FRESH", "GPUBOOT_REQUIRE_LAB", "GPUBOOT_STATE_DIR",
     "GPUBOOT_RUN_DIR", "GPUBOOT_MOLECULE_PREFIX", "GPUBOOT_MOLECULE_NETWORK", "GPUBOOT_NODE_IMAGE",
+    # Which of .ci/run's lanes runs a module: it names the lane's shared lab only.
+    "GPUBOOT_TEST_LANE",
 })
 _READ_VARIABLES = re.compile(r"^(GPUBOOT|ANSIBLE|MOLECULE)_")
 

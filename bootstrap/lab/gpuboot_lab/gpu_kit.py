@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gpuboot_lab.errors import LabError
 from gpuboot_lab.kubernetes import PAUSE_SOURCE
+from gpuboot_lab.locks import building
 from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 
 DEFAULT_CACHE = Path.home() / ".cache" / "gpuboot" / "gpu-kit"
@@ -106,7 +107,12 @@ class GpuKit:
         binary = self.binary(tool, go)
         if binary.is_file():
             return binary
-        binary.parent.mkdir(parents=True, exist_ok=True)
+        with building(binary.parent, f"{tool.name} {tool.version}", self.log):
+            return self._build_tool(tool, go, binary)
+
+    def _build_tool(self, tool: GoTool, go: str, binary: Path) -> Path:
+        if binary.is_file():  # built by the process this one waited for
+            return binary
         log_file = binary.parent / "build.log"
         started = time.monotonic()
         self.log(f"{tool.name} {tool.version}: building (log {log_file})")
@@ -193,8 +199,9 @@ class GpuKit:
     def build(self, tools: tuple[GoTool, ...] = TOOLS) -> dict[str, Path]:
         go = go_version()
         built = {tool.name: self.build_tool(tool, go) for tool in tools}
-        built["pause"] = self.build_pause(go)
-        built["probe.oci.tar"] = self.build_probe_image(built["pause"])
+        with building(self.cache_dir / "bin", "the GPU kit's pause and probe image", self.log):
+            built["pause"] = self.build_pause(go)
+            built["probe.oci.tar"] = self.build_probe_image(built["pause"])
         return built
 
     def wheels(self) -> list[Path]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuboot_lab.errors import LabError
+from gpuboot_lab.locks import building
 
 MODULE = "helm.sh/helm/v3"
 VERSION = "v3.22.0"
@@ -38,6 +39,13 @@ class HelmBuild:
     def build(self, version: str = VERSION) -> Path:
         binary = self.binary(version)
         if binary.is_file():
+            return binary
+        with building(binary.parent.parent, f"helm {version}", self.log):
+            return self._build(version)
+
+    def _build(self, version: str) -> Path:
+        binary = self.binary(version)
+        if binary.is_file():  # built by the process this one waited for
             return binary
         bin_dir = binary.parent
         bin_dir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpuboot_lab.errors import LabError
+from gpuboot_lab.locks import building
 from gpuboot_lab.podman import Podman
 
 # Bump when the build recipe below changes in a way the inputs do not show.
@@ -85,9 +86,17 @@ def ensure_image(podman: Podman, cache_dir: Path, log=print) -> str:
     if podman.exists("image", ref):
         return ref
     tarball = image_tarball(cache_dir)
-    if not tarball.exists():
-        log(f"building lab node image {ref} (about a minute, cached afterwards)")
-        _build_tarball(tarball)
+    with building(tarball.parent, f"lab node image {ref}", log):
+        if podman.exists("image", ref):  # imported by the process this one waited for
+            return ref
+        if not tarball.exists():
+            log(f"building lab node image {ref} (about a minute, cached afterwards)")
+            _build_tarball(tarball)
+        _import(podman, tarball, ref, log)
+    return ref
+
+
+def _import(podman: Podman, tarball: Path, ref: str, log) -> None:
     log(f"importing {tarball.name} into podman")
     podman.run(
         "import",
@@ -96,7 +105,6 @@ def ensure_image(podman: Podman, cache_dir: Path, log=print) -> str:
         "--change", "ENV container=podman",
         str(tarball), ref,
     )
-    return ref
 
 
 def _build_tarball(tarball: Path) -> None:

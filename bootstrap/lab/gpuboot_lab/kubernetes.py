@@ -24,6 +24,7 @@ from pathlib import Path
 
 from gpuboot import matrix
 from gpuboot_lab.errors import LabError
+from gpuboot_lab.locks import building
 
 COMPONENTS = ("kubeadm", "kubectl", "kubelet", "kube-apiserver", "kube-controller-manager",
               "kube-scheduler", "kube-proxy")
@@ -174,6 +175,10 @@ class KubernetesBuild:
 
     def build(self, version: str | None = None, components: tuple[str, ...] = COMPONENTS) -> BuildResult:
         version = resolve_version(version)
+        with building(self.build_dir(version), f"Kubernetes {version}", self.log):
+            return self._build(version, components)
+
+    def _build(self, version: str, components: tuple[str, ...]) -> BuildResult:
         started = time.monotonic()
         build_dir = self.build_dir(version)
         bin_dir = build_dir / "bin"
@@ -226,8 +231,8 @@ class KubernetesBuild:
         """Only the named companions of a Kubernetes version (containerd and runc for a
         scenario's node), without Kubernetes itself; returns each one's directory."""
         version = resolve_version(version)
-        self.build_dir(version).mkdir(parents=True, exist_ok=True)
-        self._companions(version, self.build_dir(version) / "build.log", names)
+        with building(self.build_dir(version), f"Kubernetes {version}'s {', '.join(names)}", self.log):
+            self._companions(version, self.build_dir(version) / "build.log", names)
         return {name: self.companion_dir(version, name) for name in names}
 
     def _companions(self, version: str, log_file: Path, only: tuple[str, ...] | None = None) -> dict[str, bool]:
@@ -260,25 +265,33 @@ class KubernetesBuild:
                 results[name] = False
                 continue
             wrapper = self.cache_dir / "companions" / f"{name}-{module_version}"
-            wrapper.mkdir(parents=True, exist_ok=True)
-            requires = "".join(f"require {m} {module_version}\n" for m in (module, *siblings.values()))
-            (wrapper / "go.mod").write_text(f"module gpuboot.local/{name}-build\n\ngo 1.24.0\n\n{requires}")
-            if name == "coredns":
-                (wrapper / "main.go").write_text(COREDNS_MAIN)
-            self.log(f"{name} {module_version}: building {', '.join(t.name for _, t in todo)}")
-            t0 = time.monotonic()
-            out.mkdir(parents=True, exist_ok=True)
-            link = COMPANION_LDFLAGS.get(name, "").format(version=module_version, bare=module_version.lstrip("v"))
-            tags = ["-tags", COMPANION_CGO[name]] if COMPANION_CGO.get(name) else []
-            for path, target in todo:
-                # -mod=mod (in _env) lets the build add what the package needs to the wrapper.
-                if self._go(["build", "-trimpath", *tags, "-ldflags", f"-s -w {link}".strip(), "-o", f"{target}.partial",
-                             path], wrapper, log_file, cgo=name in COMPANION_CGO).returncode != 0:
-                    raise LabError(f"building {name} {module_version} ({path}) failed", hint=f"see {log_file}")
-                Path(f"{target}.partial").replace(target)
-            self.log(f"{name} {module_version}: built in {time.monotonic() - t0:.0f}s")
+            # Shared by every Kubernetes version that names this module version.
+            with building(wrapper, f"{name} {module_version}", self.log):
+                self._companion(name, module, module_version, siblings, out, todo, wrapper, log_file)
             results[name] = True
         return results
+
+    def _companion(self, name: str, module: str, module_version: str, siblings: dict[str, str], out: Path,
+                   todo: list[tuple[str, Path]], wrapper: Path, log_file: Path) -> None:
+        todo = [(path, target) for path, target in todo if not target.is_file()]  # built while this one waited
+        if not todo:
+            return
+        requires = "".join(f"require {m} {module_version}\n" for m in (module, *siblings.values()))
+        (wrapper / "go.mod").write_text(f"module gpuboot.local/{name}-build\n\ngo 1.24.0\n\n{requires}")
+        if name == "coredns":
+            (wrapper / "main.go").write_text(COREDNS_MAIN)
+        self.log(f"{name} {module_version}: building {', '.join(t.name for _, t in todo)}")
+        t0 = time.monotonic()
+        out.mkdir(parents=True, exist_ok=True)
+        link = COMPANION_LDFLAGS.get(name, "").format(version=module_version, bare=module_version.lstrip("v"))
+        tags = ["-tags", COMPANION_CGO[name]] if COMPANION_CGO.get(name) else []
+        for path, target in todo:
+            # -mod=mod (in _env) lets the build add what the package needs to the wrapper.
+            if self._go(["build", "-trimpath", *tags, "-ldflags", f"-s -w {link}".strip(), "-o", f"{target}.partial",
+                         path], wrapper, log_file, cgo=name in COMPANION_CGO).returncode != 0:
+                raise LabError(f"building {name} {module_version} ({path}) failed", hint=f"see {log_file}")
+            Path(f"{target}.partial").replace(target)
+        self.log(f"{name} {module_version}: built in {time.monotonic() - t0:.0f}s")
 
     @staticmethod
     def _pause_tag(version: str) -> str:
