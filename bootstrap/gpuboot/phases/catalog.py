@@ -239,19 +239,15 @@ class Phase:
                 for dep in (yaml.safe_load(meta.read_text()) or {}).get("dependencies") or []:
                     add(dep["role"] if isinstance(dep, dict) else dep)
 
-        def walk(tasks: list) -> None:
-            for task in tasks or []:
-                for key in ("ansible.builtin.include_role", "ansible.builtin.import_role"):
-                    if key in task:
-                        add(task[key]["name"])
-                for key in ("block", "rescue", "always"):
-                    walk(task.get(key))
-
+        base = self.path.parent
         for play in self.plays:
             for role in play.get("roles") or []:
                 add(role["role"] if isinstance(role, dict) else role)
             for key in ("pre_tasks", "tasks", "post_tasks"):
-                walk(play.get(key))
+                for task, _ in _tasks_files(play.get(key), base):
+                    for include in ("ansible.builtin.include_role", "ansible.builtin.import_role"):
+                        if include in task:
+                            add(task[include]["name"])
         return tuple(found)
 
     @property
