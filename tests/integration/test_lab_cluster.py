@@ -591,7 +591,10 @@ def test_reset_then_up_with_power_lost_mid_join_on_a_control_plane_and_a_worker_
     cut.power_on()
     # What etcd holds for cp3 now (a learner, a member that never started, or none): the next run's to mend.
     cp3_after_cut = [m for m in _etcd_member_list(cluster) if m.get("name", "") in ("", f"{NAME}-cp3")]
-    cut = PowerCut(cluster, f"{NAME}-w2", container_name(NAME, "w2"), "pgrep -x kubeadm")
+    # A worker's join lasts about two seconds, less than a watch over SSH sees on a busy machine:
+    # the node's own watcher freezes kubeadm the moment it starts, and the cut lands on it frozen.
+    seen = freeze_when_seen(cluster, f"{NAME}-w2", "kubeadm joi[n]", "/run/gpuboot-fault-join-seen")
+    cut = PowerCut(cluster, f"{NAME}-w2", container_name(NAME, "w2"), seen)
     with cut:
         code = run(["up", inventory, "--to", "cni", "--output", "json"])
     said = capsys.readouterr().out

@@ -10,7 +10,7 @@ import pytest
 from gpuboot_lab import aptcache, firewall
 from gpuboot_lab.cluster import Lab, LabSpec
 from gpuboot_lab.errors import LabError
-from tests.integration.conftest import LAB_SUBNET
+from tests.integration.conftest import LAB_NAME, LAB_SUBNET
 
 pytestmark = pytest.mark.lab
 
@@ -58,7 +58,7 @@ def test_half_finished_lab_is_detected_and_cleaned(monkeypatch, tmp_path, lab):
     assert not firewall.exists("half")
     assert not half.state_file.exists()
     # The running lab was not touched.
-    assert lab["lab"].podman.names("container", "io.gpuboot_lab=itest")
+    assert lab["lab"].podman.names("container", f"io.gpuboot_lab={LAB_NAME}")
 
 
 def test_lab_network_is_fenced(lab):
@@ -67,9 +67,9 @@ def test_lab_network_is_fenced(lab):
     import subprocess
 
     from tests.integration.conftest import ssh
-    inside = ssh(lab, "itest-cp1", "ping -c1 -W2 itest-w1 >/dev/null && echo ok")
+    inside = ssh(lab, f"{LAB_NAME}-cp1", f"ping -c1 -W2 {LAB_NAME}-w1 >/dev/null && echo ok")
     assert inside.stdout.strip() == "ok"
-    rules = subprocess.run(["nft", "list", "table", "inet", firewall.table_name("itest")],
+    rules = subprocess.run(["nft", "list", "table", "inet", firewall.table_name(LAB_NAME)],
                            capture_output=True, text=True, check=True).stdout
     assert f"ip saddr {LAB_SUBNET} ip daddr != {LAB_SUBNET}" in rules and "drop" in rules
     assert f"ip daddr {LAB_SUBNET} ip saddr != {LAB_SUBNET}" in rules
@@ -93,7 +93,7 @@ def test_a_lab_whose_state_was_lost_is_cleaned_by_name(tmp_path, lab):
         again = elsewhere.up(spec, tmp_path / "elsewhere" / "inv.yml")
         assert again.acng_pid and again.acng_pid != cache
         # The running lab was not touched.
-        assert lab["lab"].podman.names("container", "io.gpuboot_lab=itest")
+        assert lab["lab"].podman.names("container", f"io.gpuboot_lab={LAB_NAME}")
     finally:
         elsewhere.down("lost")
         first.down("lost")

@@ -7,7 +7,7 @@ import pytest
 
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
-from tests.integration.conftest import edit_inventory, ssh
+from tests.integration.conftest import LAB_NAME, edit_inventory, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -62,8 +62,8 @@ def test_preflight_and_os_prep_converge_on_every_node_then_change_nothing(lab, c
 def test_host_key_checking_is_on(lab, tmp_path, capsys):
     """A node whose host key does not match known_hosts is refused, not trusted."""
     known = (lab["lab"].dir / "known_hosts").read_text().splitlines()
-    victim = "itest-w1"
-    other_key = next(line for line in known if line.startswith("itest-cp1,")).split(" ", 1)[1]
+    victim = f"{LAB_NAME}-w1"
+    other_key = next(line for line in known if line.startswith(f"{LAB_NAME}-cp1,")).split(" ", 1)[1]
     forged = [line if not line.startswith(f"{victim},") else f"{line.split(' ', 1)[0]} {other_key}" for line in known]
     (tmp_path / "known_hosts").write_text("\n".join(forged) + "\n")
 
@@ -157,7 +157,7 @@ def test_plan_check_runs_check_mode_and_records_nothing(lab, capsys):
 
 def test_preflight_names_nodes_cloned_from_one_image(lab, capsys):
     """Two nodes with one machine-id (a cloned image): preflight names both, and the fix."""
-    first, second = "itest-w1", "itest-w2"
+    first, second = f"{LAB_NAME}-w1", f"{LAB_NAME}-w2"
     original = ssh(lab, second, "cat /etc/machine-id").stdout.strip()
     cloned = ssh(lab, first, "cat /etc/machine-id").stdout.strip()
     assert original and cloned and original != cloned
@@ -185,7 +185,7 @@ EMPTY_VAR = "umount -l /var; umount -l /run/varfull; rmdir /run/varfull"
 
 
 def test_a_full_var_is_named_by_preflight_and_by_the_phase_that_cannot_write_there(lab, tmp_path, capsys):
-    victim = "itest-w1"
+    victim = f"{LAB_NAME}-w1"
     filled = ssh(lab, victim, FILL_VAR)
     assert filled.returncode == 0 and int(filled.stdout.split()[-1]) < 1 << 20, (filled.stdout, filled.stderr)
     try:
