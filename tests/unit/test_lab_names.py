@@ -53,3 +53,14 @@ def test_the_checks_see_a_clash(tmp_path, monkeypatch):
     monkeypatch.setitem(globals(), "SOURCES", sorted(tmp_path.glob("*.py")))
     assert places(LAB_NAME) == {"same": {"test_a.py", "test_b.py"}}
     assert places(SUBNET) == {"10.213.90.0/24": {"test_a.py", "test_b.py"}}
+
+
+def test_no_module_names_the_shared_lab_s_hosts_by_lane_0_s_name():
+    """The shared lab is `itest` in lane 0 and `itest<N>` in lane N: a module that writes
+    "itest-cp1" fails in every other lane. They take conftest's LAB_NAME."""
+    conftest = ROOT / "tests" / "integration" / "conftest.py"
+    written = [f"{path.relative_to(ROOT)}:{number}"
+               for path in SOURCES if path != conftest and path != Path(__file__).resolve()
+               for number, line in enumerate(path.read_text().splitlines(), 1)
+               if re.search(r"""["'/]itest\b""", line)]
+    assert not written, f"the shared lab named literally (use LAB_NAME): {written}"
