@@ -13,16 +13,24 @@ with no profile of a file, lane_costs.json beside this file gives the cost measu
 file in neither is given a guess by where it lives. The longest go first, each to the lane with the
 least so far (longest processing time first, within 4/3 of the best split).
 
+A file whose results this machine will reuse costs what its reuse costs, not its cold time: a
+lab module that tests/support/reuse.py will skip whole as REUSED, and the share of molecule's
+scenarios that gpuboot_lab.molecule will reuse. Both are asked with the same keys the tests
+use, in the environment the lanes will run in (.ci/run exports it first).
+
     .venv/bin/python -m tests.bench.lanes --lanes 2 tests     # one line of files per lane
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from tests.bench.suite_profile import cache_dir
+from tests.support.reuse import FRESH_ENV, HARNESS, PRODUCT, ModuleKey
 
 ROOT = Path(__file__).resolve().parents[2]
 # Seconds for a file no profile has seen: lab modules are minutes, the rest seconds.
@@ -72,6 +80,41 @@ def guess(file: str) -> float:
     return next((seconds for prefix, seconds in GUESS.items() if file.startswith(prefix)), DEFAULT_GUESS)
 
 
+# What marks a lab module that reuses a recorded pass (tests/support/reuse.py), and what its
+# skip costs: collection and the key's hashing.
+REUSE_MARK = "reuse_module(request)"
+REUSED_SECONDS = 5.0
+MOLECULE = "tests/integration/test_molecule.py"
+
+
+def module_reused(file: str, root: Path = ROOT) -> bool:
+    """Whether tests/support/reuse.py will skip this whole module as REUSED here and now."""
+    if os.environ.get(FRESH_ENV) == "1" or REUSE_MARK not in (root / file).read_text():
+        return False
+    return ModuleKey.now(root / file, (*PRODUCT, *HARNESS)).record.is_file()
+
+
+def molecule_share() -> float:
+    """The share of molecule's scenarios that will run, not be reused (gpuboot_lab.molecule's keys)."""
+    from gpuboot_lab.molecule import ScenarioRunner, roles_with_scenarios
+    roles = roles_with_scenarios()
+    with tempfile.TemporaryDirectory() as scratch:
+        runner = ScenarioRunner(Path(scratch), log=lambda message: None)
+        running = [role for role in roles if runner.reused(role) is None]
+    return len(running) / len(roles) if roles else 0.0
+
+
+def after_reuse(files: list[str], known: dict[str, float], root: Path = ROOT) -> dict[str, float]:
+    """The costs, with what this machine will reuse priced at its reuse."""
+    priced = dict(known)
+    for file in files:
+        if file == MOLECULE and file in known:
+            priced[file] = max(REUSED_SECONDS, known[file] * molecule_share())
+        elif module_reused(file, root):
+            priced[file] = REUSED_SECONDS
+    return priced
+
+
 # What marks a file that builds a kubeadm cluster in the lab.
 CLUSTER_MARK = 'flavour="kubernetes"'
 
@@ -106,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+")
     args = parser.parse_args(argv)
     files = test_files(args.paths)
-    known = measured() | costs(recorded())
+    known = after_reuse(files, measured() | costs(recorded()))
     plan = split(files, known, args.lanes, frozenset(f for f in files if builds_a_cluster(f)))
     for lane, members in enumerate(plan):
         print(" ".join(members))

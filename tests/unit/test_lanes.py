@@ -100,3 +100,33 @@ def test_on_a_machine_with_no_profile_the_cluster_lane_holds_the_cluster_builder
     other = next(lane for lane in plan if lane is not cluster)
     assert "tests/integration/test_molecule.py" in other
     assert not [f for f in cluster if f.startswith("tests/integration/") and not lanes.builds_a_cluster(f)]
+
+
+REUSING_MODULE = "import pytest\nfrom tests.support.reuse import reuse_module\n\n" \
+                 "@pytest.fixture(scope='module')\ndef reused(request):\n    yield from reuse_module(request)\n"
+
+
+def test_a_module_this_machine_will_reuse_costs_its_skip(tmp_path, monkeypatch):
+    from tests.support import reuse
+    (tmp_path / "tests").mkdir()
+    for name in ("test_kept.py", "test_new.py"):
+        (tmp_path / "tests" / name).write_text(REUSING_MODULE + f"# {name}\n")
+    monkeypatch.setattr(reuse, "CACHE", tmp_path / "passes")
+    monkeypatch.delenv(reuse.FRESH_ENV, raising=False)
+    record = reuse.ModuleKey.now(tmp_path / "tests/test_kept.py", (*reuse.PRODUCT, *reuse.HARNESS)).record
+    record.parent.mkdir()
+    record.write_text("{}")
+    files = ["tests/test_kept.py", "tests/test_new.py"]
+    known = {"tests/test_kept.py": 2400.0, "tests/test_new.py": 900.0}
+    assert lanes.after_reuse(files, known, tmp_path) == {"tests/test_kept.py": lanes.REUSED_SECONDS,
+                                                         "tests/test_new.py": 900.0}
+    # A fresh run reuses nothing: every file at its cold cost.
+    monkeypatch.setenv(reuse.FRESH_ENV, "1")
+    assert lanes.after_reuse(files, known, tmp_path) == known
+
+
+def test_molecule_costs_the_share_of_its_scenarios_that_will_run(monkeypatch):
+    monkeypatch.setattr(lanes, "molecule_share", lambda: 0.25)
+    assert lanes.after_reuse([lanes.MOLECULE], {lanes.MOLECULE: 1200.0}) == {lanes.MOLECULE: 300.0}
+    monkeypatch.setattr(lanes, "molecule_share", lambda: 0.0)
+    assert lanes.after_reuse([lanes.MOLECULE], {lanes.MOLECULE: 1200.0}) == {lanes.MOLECULE: lanes.REUSED_SECONDS}
