@@ -13,8 +13,10 @@ test_double_schemas_vs_real_charts.py): NVIDIA's and Calico's own templates and 
 gpuboot's values and custom resources. The API server is real either way."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -183,6 +185,41 @@ def helm_template(helm: Path, chart: Path, release: str, namespace: str, kube_ve
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
+
+
+@dataclass
+class ThroughRealChart:
+    """An inventory's add-on as `gpuboot render` wrote it and NVIDIA's chart at the pinned tag
+    turned its values into objects."""
+    cluster: object
+    release: object
+    addon: Path       # the rendered add-on's folder on the first control plane
+    namespace: str
+    chart_name: str
+    objects: list[dict]
+
+
+def render_through_real_chart(inventory: Path, addon_name: str, matrix_key: str, helm: Path,
+                              tmp_path: Path) -> ThroughRealChart:
+    cluster = load_cluster(inventory)
+    release = matrix.load(cluster.settings.release)
+    assert run(["render", str(inventory), "--out", str(tmp_path / "render")]) == 0
+    addon = tmp_path / "render" / cluster.first_control_plane / "etc" / "gpuboot" / "addons" / addon_name
+    assert addon.is_dir(), f"{inventory}: no {addon_name} rendered"
+    namespace = yaml.safe_load((addon / "namespace.yaml").read_text())["metadata"]["name"]
+    pinned = release.model_extra[matrix_key]["chart"]
+    chart = ChartSource("real", tmp_path / "charts").chart(pinned["name"], str(pinned["version"]), release.name)
+    objects = helm_template(helm, chart, pinned["name"], namespace, release.kubernetes.version,
+                            (addon / "values.yaml").read_text())
+    return ThroughRealChart(cluster, release, addon, namespace, pinned["name"], objects)
+
+
+def apply_node(api: ApiServer, name: str, labels: dict[str, str]) -> None:
+    """A Node as a kubelet registers it, with the labels NFD would add, applied as NFD would."""
+    node = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                                  "kubernetes.io/arch": "amd64", **labels}}}
+    api.kubectl("apply", "--server-side", "--field-manager=nfd", "-f", "-", stdin=json.dumps(node))
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, api, helm, tmp_path):

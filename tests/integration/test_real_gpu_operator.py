@@ -32,14 +32,12 @@ import pytest
 import yaml
 
 from gpuboot import matrix
-from gpuboot.cli.main import run
-from gpuboot.config.loader import load_cluster
 from gpuboot.mirror.plan import Target, build
 from gpuboot.mirror.refs import parse_image
 from gpuboot_lab import LAB_RELEASE
 from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
 from gpuboot_lab.operators import OPERATORS, OperatorBuild, image_ref
-from tests.integration.test_addon_objects_dry_run import ChartSource, helm_template
+from tests.integration.test_addon_objects_dry_run import apply_node, render_through_real_chart
 from tests.integration.test_double_schemas_vs_real_charts import source_tree
 from tests.support.apiserver import ETCD, ApiServer
 from tests.support.modules import load_module
@@ -175,23 +173,14 @@ def mount_point():
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_image, mount_point, api, helm, tmp_path):
     binary, opt = operator_image
-    inventory = CASES[case]
-    cluster = load_cluster(inventory)
-    release = matrix.load(cluster.settings.release)
-    assert run(["render", str(inventory), "--out", str(tmp_path / "render")]) == 0
-    addon = tmp_path / "render" / cluster.first_control_plane / "etc" / "gpuboot" / "addons" / "gpu-operator"
-    pinned = release.model_extra["gpu_operator"]["chart"]
-    chart = ChartSource("real", tmp_path / "charts").chart("gpu-operator", str(pinned["version"]), release.name)
-    objects = helm_template(helm, chart, "gpu-operator", NAMESPACE, release.kubernetes.version,
-                            (addon / "values.yaml").read_text())
+    rendered = render_through_real_chart(CASES[case], "gpu-operator", "gpu_operator", helm, tmp_path)
+    cluster, release, addon, objects = rendered.cluster, rendered.release, rendered.addon, rendered.objects
+    assert rendered.namespace == NAMESPACE, "the operator is run in the namespace the phase renders"
     api.apply_crds(objects)
     # A clean slate per case: the operator's DaemonSets, the policies and the Nodes of the last one.
     api.clean_slate(NAMESPACE, "clusterpolicies.nvidia.com,nvidiadrivers.nvidia.com,nodes", addon / "namespace.yaml")
     for name, labels in gpu_nodes(cluster).items():
-        node = {"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                                      "kubernetes.io/arch": "amd64", **labels}}}
-        api.kubectl("apply", "--server-side", "--field-manager=nfd", "-f", "-", stdin=json.dumps(node))
+        apply_node(api, name, labels)
     for file in ("device-plugin-config.yaml", "mig-parted-config.yaml", "node-labels.yaml", "nvidia-drivers.yaml"):
         if (addon / file).is_file():
             api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / file))

@@ -32,14 +32,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuboot import matrix
-from gpuboot.cli.main import run
-from gpuboot.config.loader import load_cluster
 from gpuboot.mirror.plan import Target, build
 from gpuboot.mirror.serve import ServeSpec, start
 from gpuboot.net import free_port
 from tests.integration import test_real_gpu_operator
-from tests.integration.test_addon_objects_dry_run import ChartSource, helm_template
+from tests.integration.test_addon_objects_dry_run import apply_node, render_through_real_chart
 from tests.integration.test_real_gpu_operator import built_image, nfd_labels
 from tests.support.apiserver import ApiServer
 from tests.support.mirror_fixture import IMAGE_CACHE
@@ -145,18 +142,9 @@ def test_the_real_network_operator_deploys_what_the_mirror_plan_lists(case, oper
                                                                       tmp_path):
     binary, image_root = operator_image
     mirror, layout = registry
-    inventory = CASES[case]
-    cluster = load_cluster(inventory)
-    release = matrix.load(cluster.settings.release)
-    assert run(["render", str(inventory), "--out", str(tmp_path / "render")]) == 0
-    addon = tmp_path / "render" / cluster.first_control_plane / "etc" / "gpuboot" / "addons" / "network-operator"
-    assert addon.is_dir(), f"{case}: no Network Operator rendered"
-    namespace = yaml.safe_load((addon / "namespace.yaml").read_text())["metadata"]["name"]
-    pinned = release.model_extra["network_operator"]["chart"]
-    chart_name = pinned["name"]
-    chart = ChartSource("real", tmp_path / "charts").chart(chart_name, str(pinned["version"]), release.name)
-    objects = helm_template(helm, chart, chart_name, namespace, release.kubernetes.version,
-                            (addon / "values.yaml").read_text())
+    rendered = render_through_real_chart(CASES[case], "network-operator", "network_operator", helm, tmp_path)
+    cluster, release, addon = rendered.cluster, rendered.release, rendered.addon
+    namespace, chart_name, objects = rendered.namespace, rendered.chart_name, rendered.objects
     api.apply_crds(objects)
     # A clean slate per case: the operator's workloads, the policy and the Nodes of the last one.
     api.clean_slate(namespace, "nicclusterpolicies.mellanox.com,nodes", addon / "namespace.yaml")
@@ -164,10 +152,7 @@ def test_the_real_network_operator_deploys_what_the_mirror_plan_lists(case, oper
     # Nodes outside the fabric too: the operator must leave them alone.
     others = [n.name for n in cluster.cluster_nodes if n.name not in fabric][:2]
     for name in [*fabric, *others]:
-        node = {"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                                      "kubernetes.io/arch": "amd64", **fabric.get(name, {})}}}
-        api.kubectl("apply", "--server-side", "--field-manager=nfd", "-f", "-", stdin=json.dumps(node))
+        apply_node(api, name, fabric.get(name, {}))
         # Admission taints a new Node not-ready until its kubelet reports Ready; the operator
         # (as the DaemonSet controller) passes over a node it cannot schedule on. No kubelet
         # runs here: the taint goes as the node lifecycle controller would take it off.

@@ -24,6 +24,11 @@ gpuboot:
 """
 
 
+def hosts_ini(gpu_groups: str) -> str:
+    """An INI inventory: one control plane, the GPU groups given, every GPU worker a worker."""
+    return f"[control_plane]\ncp1 ansible_host=10.0.0.11\n{textwrap.dedent(gpu_groups)}[workers:children]\ngpu_workers\n"
+
+
 def inventory(tmp_path: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = tmp_path / name
@@ -51,9 +56,7 @@ def test_sample_resolves_mixed_mig_and_time_slicing():
 
 def test_group_vars_layouts_single_strategy_and_mixed_driver_kinds(tmp_path):
     path = inventory(tmp_path, {
-        "hosts.ini": """\
-            [control_plane]
-            cp1 ansible_host=10.0.0.11
+        "hosts.ini": hosts_ini("""\
             [a100]
             a100-[01:02]
             [dgx]
@@ -61,9 +64,7 @@ def test_group_vars_layouts_single_strategy_and_mixed_driver_kinds(tmp_path):
             [gpu_workers:children]
             a100
             dgx
-            [workers:children]
-            gpu_workers
-            """,
+            """),
         "group_vars/all.yml": SETTINGS + "  gpu_operator:\n    mig_strategy: single\n",
         "group_vars/a100.yml": """\
             gpuboot_node:
@@ -90,8 +91,7 @@ def test_group_vars_layouts_single_strategy_and_mixed_driver_kinds(tmp_path):
 
 def test_mixed_driver_kinds_label_each_node_with_its_kind(tmp_path):
     path = inventory(tmp_path, {
-        "hosts.ini": "[control_plane]\ncp1 ansible_host=10.0.0.11\n[gpu_workers]\ng1 ansible_host=10.0.1.1\n"
-                     "g2 ansible_host=10.0.1.2\n[workers:children]\ngpu_workers\n",
+        "hosts.ini": hosts_ini("[gpu_workers]\ng1 ansible_host=10.0.1.1\ng2 ansible_host=10.0.1.2\n"),
         "group_vars/all.yml": SETTINGS,
         "host_vars/g2.yml": "gpuboot_node: {gpu: {driver: container}}\n"})
     plan = load_cluster(path).gpu_plan
@@ -112,7 +112,7 @@ def test_mixed_driver_kinds_label_each_node_with_its_kind(tmp_path):
 ])
 def test_impossible_gpu_settings_on_a_group_are_located(tmp_path, gpu, message, path):
     inv = inventory(tmp_path, {
-        "hosts.ini": "[control_plane]\ncp1 ansible_host=10.0.0.11\n[gpu_workers]\ng[1:2]\n[workers:children]\ngpu_workers\n",
+        "hosts.ini": hosts_ini("[gpu_workers]\ng[1:2]\n"),
         "group_vars/all.yml": SETTINGS,
         "group_vars/gpu_workers.yml": f"# GPU floor\ngpuboot_node:\n  gpu: {gpu}\n"})
     with pytest.raises(InventoryError) as info:
@@ -135,16 +135,12 @@ def test_gfd_labels_the_gate_expects_follow_model_sharing_and_mig(tmp_path):
     tests/gpu/fixtures): the family always; product and count for whole GPUs; -SHARED when
     time-sliced; nothing GFD renames under MIG; Ada's family is GFD's ada-lovelace."""
     path = inventory(tmp_path, {
-        "hosts.ini": """\
-            [control_plane]
-            cp1 ansible_host=10.0.0.11
+        "hosts.ini": hosts_ini("""\
             [gpu_workers]
             h200-[1:3]
             l40s1
             odd1
-            [workers:children]
-            gpu_workers
-            """,
+            """),
         "group_vars/all.yml": SETTINGS,
         "host_vars/h200-1.yml": "gpuboot_node:\n  gpu: {model: H200-SXM-141GB, count: 8}\n",
         "host_vars/h200-2.yml": "gpuboot_node:\n  gpu: {model: H200-SXM-141GB, count: 8, time_slicing_replicas: 4}\n",

@@ -67,44 +67,36 @@ def test_error_names_file_line_field_and_fix(tmp_path):
     assert "fix:" in text
 
 
-def test_every_problem_is_reported_not_only_the_first(tmp_path):
-    inv = write(tmp_path, """\
+def problems(tmp_path: Path, control_plane: str, hosts: int) -> list:
+    """What load_cluster reports for an inventory outside the matrix (release: nope), with its
+    pod CIDR over the default service CIDR, the control plane given and that many hosts."""
+    lines = "\n".join(f"                cp{i}: {{ansible_host: 10.0.0.{10 + i}}}" for i in range(1, hosts + 1))
+    inv = write(tmp_path, f"""\
         all:
           vars:
             gpuboot:
               cluster_name: c1
               release: nope
-              control_plane: {vip: 10.0.0.100, mode: bogus}
-              networking: {pod_cidr: 10.96.0.0/16}
+              control_plane: {control_plane}
+              networking: {{pod_cidr: 10.96.0.0/16}}
           children:
             control_plane:
               hosts:
-                cp1: {ansible_host: 10.0.0.11}
-                cp2: {ansible_host: 10.0.0.12}
+{lines}
         """)
     with pytest.raises(InventoryError) as info:
         load_cluster(inv)
-    paths = {p.path for p in info.value.problems}
+    return info.value.problems
+
+
+def test_every_problem_is_reported_not_only_the_first(tmp_path):
+    paths = {p.path for p in problems(tmp_path, "{vip: 10.0.0.100, mode: bogus}", hosts=2)}
     assert {"gpuboot.control_plane.mode", "control_plane"} <= paths
 
 
 def test_release_and_overlap_reported_together(tmp_path):
-    inv = write(tmp_path, """\
-        all:
-          vars:
-            gpuboot:
-              cluster_name: c1
-              release: nope
-              control_plane: {vip: 10.0.0.100}
-              networking: {pod_cidr: 10.96.0.0/16}
-          children:
-            control_plane:
-              hosts:
-                cp1: {ansible_host: 10.0.0.11}
-        """)
-    with pytest.raises(InventoryError) as info:
-        load_cluster(inv)
-    messages = " | ".join(p.message for p in info.value.problems)
+    # Once the settings' shape is right, the checks against the matrix and each other report together.
+    messages = " | ".join(p.message for p in problems(tmp_path, "{vip: 10.0.0.100}", hosts=1))
     assert "not in the version matrix" in messages and "overlaps service_cidr" in messages
 
 
