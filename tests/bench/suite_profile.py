@@ -11,6 +11,8 @@ and the machine, to ~/.cache/gpuboot/suite-profile/<time>-<commit>[-lane<N>].jso
 test was skipped as REUSED shows as reused: its cost there is the check, not the test.
 
     .venv/bin/python -m tests.bench.suite_profile FILE.json   # the table again from a record
+    .venv/bin/python -m tests.bench.suite_profile --row LANE0.json LANE1.json
+        # one run's row for docs/benchmarks.md's `.ci/run` table, from its lanes' records
 """
 from __future__ import annotations
 
@@ -112,6 +114,31 @@ def table(record: dict, shown: int = SHOWN) -> list[str]:
     return lines
 
 
+def row(records: list[dict], machine: str) -> str:
+    """One run's row for docs/benchmarks.md (date | commit | machine | result | time), from the
+    records its lanes wrote. The time is the longest lane's modules end to end: pytest's own
+    collection and .ci/run's setup and lint are not in it."""
+    if not records:
+        raise ValueError("no records: give the JSON files one run's lanes wrote")
+    commits = {r["commit"] for r in records}
+    if len(commits) != 1:
+        raise ValueError(f"records of different commits ({', '.join(sorted(commits))}): give one run's lanes")
+    outcomes: dict[str, int] = {}
+    for record in records:
+        for module in record["modules"]:
+            for outcome, n in module["outcomes"].items():
+                outcomes[outcome] = outcomes.get(outcome, 0) + n
+    walls = [sum(m["wall"] for m in r["modules"]) for r in records]
+    cpu = sum(m["cpu"] for m in max(records, key=lambda r: sum(m["wall"] for m in r["modules"]))["modules"])
+    longest, cores = max(walls), records[0]["cores"]
+    result = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items(), key=lambda item: -item[1]))
+    lanes = " / ".join(f"{w / 60:.0f}" for w in walls)
+    busy = 100 * cpu / (longest * cores) if longest else 0
+    return (f"| {max(r['date'] for r in records)[:10]} | {records[0]['commit']} | {machine} ({cores} cores) | "
+            f"{result} | {longest / 60:.0f} min in {len(records)} lane{'s' if len(records) > 1 else ''} "
+            f"({lanes} min each; the machine's CPU {busy:.0f} % busy) |")
+
+
 def _commit() -> str:
     done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return done.stdout.strip() or "unknown"
@@ -151,5 +178,10 @@ def pytest_terminal_summary(terminalreporter):
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:]:
-        print("\n".join(table(json.loads(Path(name).read_text()), shown=10**6)))
+    arguments = sys.argv[1:]
+    if arguments[:1] == ["--row"]:
+        machine = os.environ.get("GPUBOOT_BENCH_MACHINE", "this machine")
+        print(row([json.loads(Path(name).read_text()) for name in arguments[1:]], machine))
+    else:
+        for name in arguments:
+            print("\n".join(table(json.loads(Path(name).read_text()), shown=10**6)))

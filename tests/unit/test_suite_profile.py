@@ -4,6 +4,9 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
+import pytest
+
+from tests.bench import suite_profile
 from tests.bench.suite_profile import SuiteProfile, busy_seconds, outcome_of, table
 
 STAT = "cpu  100 20 30 5000 70 4 6 0 0 0\ncpu0 50 10 15 2500 35 2 3 0 0 0\n"
@@ -53,3 +56,22 @@ def test_a_module_all_reused_reads_as_reused():
     assert profile.modules["t.py"].reused
     profile.report(_report("t.py::b", "call", "passed"))
     assert not profile.modules["t.py"].reused
+
+
+def test_a_run_s_row_adds_its_lanes_outcomes_and_takes_the_longest_lane():
+    lane0 = {"date": "2026-11-28T18:45:42Z", "commit": "abc1234", "cores": 2, "modules": [
+        {"module": "tests/integration/test_lab.py", "wall": 2400.0, "cpu": 4000.0, "outcomes": {"passed": 6}},
+        {"module": "tests/integration/test_kept.py", "wall": 3.0, "cpu": 2.0, "outcomes": {"reused": 3}}]}
+    lane1 = {"date": "2026-11-28T18:46:39Z", "commit": "abc1234", "cores": 2, "modules": [
+        {"module": "tests/unit/test_x.py", "wall": 1200.0, "cpu": 2000.0, "outcomes": {"passed": 40, "failed": 1}}]}
+    assert suite_profile.row([lane0, lane1], "ci01") == (
+        "| 2026-11-28 | abc1234 | ci01 (2 cores) | 46 passed, 3 reused, 1 failed | 40 min in 2 lanes "
+        "(40 / 20 min each; the machine's CPU 83 % busy) |")
+
+
+def test_a_row_is_one_run_s_lanes():
+    record = {"date": "2026-11-28T10:00:00Z", "commit": "a", "cores": 2, "modules": []}
+    with pytest.raises(ValueError, match="different commits"):
+        suite_profile.row([record, dict(record, commit="b")], "m")
+    with pytest.raises(ValueError, match="no records"):
+        suite_profile.row([], "m")
