@@ -93,7 +93,10 @@ def test_the_carried_costs_name_files_that_exist_and_a_machine_s_own_profile_win
 
 
 def test_on_a_machine_with_no_profile_the_cluster_lane_holds_the_cluster_builders_and_little_else(monkeypatch, capsys):
+    # A fresh machine: no profile, and no record of a lab module or a molecule scenario.
     monkeypatch.setattr(lanes, "recorded", lambda: [])
+    monkeypatch.setattr(lanes, "module_reused", lambda file, root=lanes.ROOT: False)
+    monkeypatch.setattr(lanes, "molecule_share", lambda: 1.0)
     assert lanes.main(["--lanes", "2", "tests"]) == 0
     plan = [line.split() for line in capsys.readouterr().out.splitlines()]
     cluster = next(lane for lane in plan if "tests/integration/test_lab_cluster.py" in lane)
