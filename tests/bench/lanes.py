@@ -7,8 +7,9 @@ one after another, in one lane: two kubeadm clusters at once on a 2-core machine
 other's API servers until kubeadm gives up (seen: "client rate limiter Wait returned an error"
 in kubeadm init). The other files fill the lanes around them.
 
-A file's cost is its wall time in the newest suite profile in which it ran (not every test
-REUSED): tests/bench/suite_profile.py keeps them under ~/.cache/gpuboot/suite-profile. On a machine
+A file's cost is its wall time in the newest suite profiles in which it ran (not every test
+REUSED; the lower median of three): tests/bench/suite_profile.py keeps them under
+~/.cache/gpuboot/suite-profile. On a machine
 with no profile of a file, lane_costs.json beside this file gives the cost measured for it, and a
 file in neither is given a guess by where it lives. The longest go first, each to the lane with the
 least so far (longest processing time first, within 4/3 of the best split).
@@ -54,15 +55,21 @@ def test_files(paths: list[str], root: Path = ROOT) -> list[str]:
     return sorted(found)
 
 
+# How many of a module's newest runs its cost is taken from.
+RUNS = 3
+
+
 def costs(records: list[dict]) -> dict[str, float]:
-    """Each module's wall time in the newest record where it ran (records in any order)."""
-    found: dict[str, float] = {}
-    for record in sorted(records, key=lambda r: r["date"]):
+    """Each module's wall time: the lower median of its RUNS newest records where it ran (records
+    in any order). One run that hung (seen: apt stuck 46 min) does not make it look long, nor one
+    cut short look cheap; a lasting change shows after two runs."""
+    walls: dict[str, list[float]] = {}
+    for record in sorted(records, key=lambda r: r["date"], reverse=True):
         for module in record["modules"]:
             outcomes = set(module["outcomes"])
             if outcomes and not outcomes <= {"reused", "skipped"}:
-                found[module["module"]] = module["wall"]
-    return found
+                walls.setdefault(module["module"], []).append(module["wall"])
+    return {module: sorted(seen[:RUNS])[(len(seen[:RUNS]) - 1) // 2] for module, seen in walls.items()}
 
 
 def recorded(directory: Path | None = None) -> list[dict]:

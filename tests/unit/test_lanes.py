@@ -35,14 +35,22 @@ def test_more_lanes_than_files_gives_no_empty_lane():
     assert lanes.split(["a.py"], {}, 3) == [["a.py"]]
 
 
-def test_a_cost_is_the_newest_run_not_a_reused_one():
+def test_a_cost_is_the_lower_median_of_the_newest_runs_never_a_reused_one():
     records = [
-        record("2026-11-28T10:00:00Z", tests__integration__test_lab=(2400.0, {"passed": 9})),
+        record("2026-11-28T10:00:00Z", tests__integration__test_lab=(1100.0, {"passed": 9})),
         record("2026-11-28T12:00:00Z", tests__integration__test_lab=(0.5, {"reused": 9}),
                tests__unit__test_x=(3.0, {"passed": 4})),
         record("2026-11-27T10:00:00Z", tests__integration__test_lab=(1000.0, {"passed": 9})),
+        # One run that hung, the newest: it does not make the module look long.
+        record("2026-11-28T14:00:00Z", tests__integration__test_lab=(3200.0, {"passed": 9})),
+        # Older than the three newest runs: not counted.
+        record("2026-11-20T10:00:00Z", tests__integration__test_lab=(50.0, {"passed": 9})),
     ]
-    assert lanes.costs(records) == {"tests/integration/test_lab.py": 2400.0, "tests/unit/test_x.py": 3.0}
+    assert lanes.costs(records) == {"tests/integration/test_lab.py": 1100.0, "tests/unit/test_x.py": 3.0}
+    # Two runs: the lower; a lasting change (both runs long) shows.
+    assert lanes.costs(records[2:4]) == {"tests/integration/test_lab.py": 1000.0}
+    assert lanes.costs([record("2026-11-29T10:00:00Z", tests__integration__test_lab=(3000.0, {"passed": 9})),
+                        records[3]]) == {"tests/integration/test_lab.py": 3000.0}
 
 
 def test_an_unseen_file_is_guessed_by_where_it_lives():
