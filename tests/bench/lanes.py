@@ -9,9 +9,9 @@ in kubeadm init). The other files fill the lanes around them.
 
 A file's cost is its wall time in the newest suite profiles in which it ran (not every test
 REUSED; the lower median of three): tests/bench/suite_profile.py keeps them under
-~/.cache/gpuboot/suite-profile. On a machine
-with no profile of a file, lane_costs.json beside this file gives the cost measured for it, and a
-file in neither is given a guess by where it lives. The longest go first, each to the lane with the
+~/.cache/gpuboot/suite-profile. On a machine with no profile of a file, lane_costs.json beside
+this file gives the cost measured for it, and a file in neither is given a guess by where it
+lives. The longest go first, each to the lane with the
 least so far (longest processing time first, within 4/3 of the best split).
 
 A file whose results this machine will reuse costs what its reuse costs, not its cold time: a

@@ -129,8 +129,8 @@ def row(records: list[dict], machine: str) -> str:
             for outcome, n in module["outcomes"].items():
                 outcomes[outcome] = outcomes.get(outcome, 0) + n
     walls = [sum(m["wall"] for m in r["modules"]) for r in records]
-    cpu = sum(m["cpu"] for m in max(records, key=lambda r: sum(m["wall"] for m in r["modules"]))["modules"])
     longest, cores = max(walls), records[0]["cores"]
+    cpu = sum(m["cpu"] for m in records[walls.index(longest)]["modules"])
     result = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items(), key=lambda item: -item[1]))
     lanes = " / ".join(f"{w / 60:.0f}" for w in walls)
     busy = 100 * cpu / (longest * cores) if longest else 0

@@ -45,12 +45,13 @@ def vm_ssh(vm, command: str, timeout: int = 120, tries: int = CONNECT_TRIES) -> 
             "-o", f"UserKnownHostsFile={vm['lab'].dir / 'known_hosts'}",
             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}",
             "root@127.0.0.1", command]
-    for attempt in range(1, tries + 1):
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + CONNECT_TIMEOUT)
-        if not never_connected(result) or attempt == tries:
-            return result
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + CONNECT_TIMEOUT)
+    for _ in range(tries - 1):
+        if not never_connected(result):
+            break
         time.sleep(5)
-    raise AssertionError("unreachable")
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + CONNECT_TIMEOUT)
+    return result
 
 
 def never_connected(result: subprocess.CompletedProcess[str]) -> bool:
