@@ -6,18 +6,20 @@ import multiprocessing
 import time
 from pathlib import Path
 
-from gpuboot_lab.locks import building
+from gpuboot_lab.locks import build_once, building
 
 
 def _build_once(directory: str, said: str) -> None:
     out = Path(directory) / "artifact"
     messages: list[str] = []
-    with building(Path(directory), "the artifact", messages.append):
-        if not out.is_file():
-            time.sleep(0.5)  # a build that takes a while
-            with (Path(directory) / "builds").open("a") as count:
-                count.write("built\n")
-            out.write_text("done")
+
+    def build() -> None:
+        time.sleep(0.5)  # a build that takes a while
+        with (Path(directory) / "builds").open("a") as count:
+            count.write("built\n")
+        out.write_text("done")
+
+    build_once(Path(directory), "the artifact", out.is_file, build, messages.append)
     Path(said).write_text("\n".join(messages))
 
 
@@ -53,3 +55,10 @@ def _die_holding(directory: str) -> None:
     import os
     with building(Path(directory), "the artifact", lambda m: None):
         os._exit(9)
+
+
+def test_a_build_already_there_takes_no_lock(tmp_path):
+    (tmp_path / "artifact").write_text("done")
+    build_once(tmp_path / "entry", "the artifact", (tmp_path / "artifact").is_file,
+               lambda: (_ for _ in ()).throw(AssertionError("built again")))
+    assert not (tmp_path / "entry").exists()  # not even the lock's folder

@@ -28,7 +28,7 @@ from gpuboot.mirror.bundle import Artifact, Bundle
 from gpuboot_lab.artifacts import layered_image
 from gpuboot_lab.debroot import rootfs_tar
 from gpuboot_lab.errors import LabError
-from gpuboot_lab.locks import building
+from gpuboot_lab.locks import build_once
 from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 
 MODULE = "github.com/argoproj/argo-cd/v3"
@@ -137,14 +137,11 @@ class ArgoCDBuild:
     def build(self, version: str) -> Path:
         """The directory holding argocd and kustomize for VERSION, built if missing."""
         out = self.bin_dir(version)
-        if (out / "argocd").is_file() and (out / "kustomize").is_file():
-            return out
-        with building(out, f"argocd {version}", self.log):
-            return self._build(version, out)
+        build_once(out, f"argocd {version}", lambda: (out / "argocd").is_file() and (out / "kustomize").is_file(),
+                   lambda: self._build(version, out), self.log)
+        return out
 
     def _build(self, version: str, out: Path) -> Path:
-        if (out / "argocd").is_file() and (out / "kustomize").is_file():  # built by the process this one waited for
-            return out
         tree = source(version, self.cache_dir)
         work = out / "wrapper"
         work.mkdir(exist_ok=True)

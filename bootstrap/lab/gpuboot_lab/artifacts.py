@@ -39,7 +39,7 @@ from gpuboot.mirror.refs import parse_image
 from gpuboot_lab.debroot import rootfs_tar
 from gpuboot_lab.errors import LabError
 from gpuboot_lab.kubernetes import COMPANION_COMMANDS, KubernetesBuild, matrix_versions
-from gpuboot_lab.locks import building
+from gpuboot_lab.locks import build_once
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 PATH_ENV = "PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -325,11 +325,8 @@ def runtime_repository(release_name: str, out: Path | None = None, log: Callable
         raise LabError(f"release {release_name} has no containerd.io the lab can build: {unbuildable}",
                        hint=f"name lab_build.containerd and lab_build.runc in mirror/releases/{release_name}.yml")
     deb_name = f"containerd.io_{runtime['version']}_amd64.deb"
-    if (out / deb_name).is_file() and (out / "Packages").is_file():
-        return out
-    with building(out, f"apt repository {out}", log):
-        if not ((out / deb_name).is_file() and (out / "Packages").is_file()):  # made while this one waited
-            _runtime_repository(release, out, deb_name, lab_build, str(runtime["version"]), log)
+    build_once(out, f"apt repository {out}", lambda: (out / deb_name).is_file() and (out / "Packages").is_file(),
+               lambda: _runtime_repository(release, out, deb_name, lab_build, str(runtime["version"]), log), log)
     return out
 
 

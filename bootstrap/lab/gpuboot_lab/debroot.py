@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 from gpuboot_lab.errors import LabError
-from gpuboot_lab.locks import building
+from gpuboot_lab.locks import build_once
 
 
 def _apt(work: Path, arch: str) -> list[str]:
@@ -57,13 +57,10 @@ def rootfs_tar(packages: list[str], cache: Path, symlinks: dict[str, str], arch:
     such as update-alternatives would have made), cached by the package set."""
     key = hashlib.sha256(repr((sorted(packages), sorted(symlinks.items()), arch)).encode()).hexdigest()[:16]
     cached = cache / f"rootfs-{key}.tar"
-    if cached.is_file():
-        return cached.read_bytes()
     work = cache / f"apt-{arch}"
     # One apt download and unpack at a time in the shared work folder.
-    with building(work, f"the {arch} root file system of {', '.join(sorted(packages))}", print):
-        if not cached.is_file():  # made while this one waited
-            _rootfs_tar(packages, work, key, symlinks, arch, cached)
+    build_once(work, f"the {arch} root file system of {', '.join(sorted(packages))}", cached.is_file,
+               lambda: _rootfs_tar(packages, work, key, symlinks, arch, cached))
     return cached.read_bytes()
 
 

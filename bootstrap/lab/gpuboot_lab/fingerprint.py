@@ -24,6 +24,8 @@ HARNESS_VARIABLES = frozenset({
     "GPUBOOT_RUN_DIR", "GPUBOOT_MOLECULE_PREFIX", "GPUBOOT_MOLECULE_NETWORK", "GPUBOOT_NODE_IMAGE",
     # Which of .ci/run's lanes runs a module: it names the lane's shared lab only.
     "GPUBOOT_TEST_LANE",
+    # How many molecule scenarios run at once: each has its own containers and state.
+    "GPUBOOT_MOLECULE_PARALLEL",
 })
 _READ_VARIABLES = re.compile(r"^(GPUBOOT|ANSIBLE|MOLECULE)_")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gpuboot_lab.errors import LabError
 from gpuboot_lab.kubernetes import PAUSE_SOURCE
-from gpuboot_lab.locks import building
+from gpuboot_lab.locks import build_once, building
 from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 
 DEFAULT_CACHE = Path.home() / ".cache" / "gpuboot" / "gpu-kit"
@@ -105,14 +105,11 @@ class GpuKit:
 
     def build_tool(self, tool: GoTool, go: str) -> Path:
         binary = self.binary(tool, go)
-        if binary.is_file():
-            return binary
-        with building(binary.parent, f"{tool.name} {tool.version}", self.log):
-            return self._build_tool(tool, go, binary)
+        build_once(binary.parent, f"{tool.name} {tool.version}", binary.is_file,
+                   lambda: self._build_tool(tool, go, binary), self.log)
+        return binary
 
     def _build_tool(self, tool: GoTool, go: str, binary: Path) -> Path:
-        if binary.is_file():  # built by the process this one waited for
-            return binary
         log_file = binary.parent / "build.log"
         started = time.monotonic()
         self.log(f"{tool.name} {tool.version}: building (log {log_file})")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuboot_lab.errors import LabError
-from gpuboot_lab.locks import building
+from gpuboot_lab.locks import build_once
 
 MODULE = "helm.sh/helm/v3"
 VERSION = "v3.22.0"
@@ -38,15 +38,11 @@ class HelmBuild:
 
     def build(self, version: str = VERSION) -> Path:
         binary = self.binary(version)
-        if binary.is_file():
-            return binary
-        with building(binary.parent.parent, f"helm {version}", self.log):
-            return self._build(version)
+        build_once(binary.parent.parent, f"helm {version}", binary.is_file, lambda: self._build(version), self.log)
+        return binary
 
     def _build(self, version: str) -> Path:
         binary = self.binary(version)
-        if binary.is_file():  # built by the process this one waited for
-            return binary
         bin_dir = binary.parent
         bin_dir.mkdir(parents=True, exist_ok=True)
         log_file = bin_dir.parent / "build.log"

@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpuboot_lab.errors import LabError
-from gpuboot_lab.locks import building
+from gpuboot_lab.locks import build_once
 from gpuboot_lab.podman import Podman
 
 # Bump when the build recipe below changes in a way the inputs do not show.
@@ -83,16 +83,15 @@ def image_reference() -> str:
 def ensure_image(podman: Podman, cache_dir: Path, log=print) -> str:
     """Returns the image reference, building and importing it only when missing."""
     ref = image_reference()
-    if podman.exists("image", ref):
-        return ref
     tarball = image_tarball(cache_dir)
-    with building(tarball.parent, f"lab node image {ref}", log):
-        if podman.exists("image", ref):  # imported by the process this one waited for
-            return ref
+
+    def build_and_import() -> None:
         if not tarball.exists():
             log(f"building lab node image {ref} (about a minute, cached afterwards)")
             _build_tarball(tarball)
         _import(podman, tarball, ref, log)
+
+    build_once(tarball.parent, f"lab node image {ref}", lambda: podman.exists("image", ref), build_and_import, log)
     return ref
 
 

@@ -26,3 +26,14 @@ def building(directory: Path, what: str, log: Callable[[str], None] = print) -> 
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build_once(directory: Path, what: str, built: Callable[[], bool], build: Callable[[], object],
+               log: Callable[[str], None] = print) -> None:
+    """Runs BUILD unless BUILT() says its result is there, asking again under DIRECTORY's lock:
+    a process that waited on another's build finds it made and builds nothing."""
+    if built():
+        return
+    with building(directory, what, log):
+        if not built():
+            build()

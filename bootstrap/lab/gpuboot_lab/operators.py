@@ -34,7 +34,7 @@ from gpuboot.mirror.refs import parse_image
 from gpuboot_lab.artifacts import layered_image
 from gpuboot_lab.debroot import rootfs_tar
 from gpuboot_lab.errors import LabError
-from gpuboot_lab.locks import building
+from gpuboot_lab.locks import build_once
 from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 
 DEFAULT_CACHE = Path.home() / ".cache" / "gpuboot" / "operators"
@@ -181,14 +181,11 @@ class OperatorBuild:
     # -- builds ---------------------------------------------------------------------------
     def build(self, spec: OperatorImage, version: str) -> Path:
         out = self.bin_dir(spec, version)
-        if all((out / name).is_file() for name, _ in spec.binaries):
-            return out
-        with building(out, f"{spec.origin} {version}", self.log):
-            return self._build(spec, version, out)
+        build_once(out, f"{spec.origin} {version}", lambda: all((out / name).is_file() for name, _ in spec.binaries),
+                   lambda: self._build(spec, version, out), self.log)
+        return out
 
     def _build(self, spec: OperatorImage, version: str, out: Path) -> Path:
-        if all((out / name).is_file() for name, _ in spec.binaries):  # built by the process this one waited for
-            return out
         log_file = out / "build.log"
         started = time.monotonic()
         self.log(f"{spec.origin} {version}: building {', '.join(n for n, _ in spec.binaries)} (log {log_file})")
