@@ -84,7 +84,7 @@ OPERATORS = (
     OperatorImage(
         "gpu_operator", "operator", "tree:NVIDIA/gpu-operator",
         binaries=(("gpu-operator", "cmd/gpu-operator"), ("manage-crds", "cmd/manage-crds"),
-                  ("cleanup-gpuclusters", "cmd/cleanup-gpuclusters")),
+                  ("cleanup-gpuclusters", "cmd/cleanup-gpuclusters"), ("nvidia-validator", "cmd/nvidia-validator")),
         files=(("assets", "opt/gpu-operator"), ("manifests", "opt/gpu-operator/manifests"),
                ("validator/manifests", "opt/validator/manifests"),
                *((f"deployments/gpu-operator/crds/{crd}", f"opt/gpu-operator/{crd}") for crd in GPU_OPERATOR_CRDS),
