@@ -87,13 +87,24 @@ def _no_space_fix(host: str, message: str) -> str:
             f"/tmp shows which is full. Free space there, then run gpuboot up again.")
 
 
+def _timed_out_fix(host: str, res: Any) -> str:
+    """A task given a `timeout` that ran past it: what hung is on the host, and the phase is safe to run again."""
+    if not isinstance(res, dict) or not isinstance(res.get("timedout"), dict):
+        return ""
+    period = res["timedout"].get("period", "its")
+    return (f"\nfix: the step did not finish on {host} in {period} s and was stopped. On {host}, see what it "
+            f"was waiting on: ps -ef --forest (a stuck apt, dpkg or dnf and its helpers), journalctl -n 50, and "
+            f"whether its package source answers. Stop what is stuck (a package manager left mid-run: dpkg "
+            f"--configure -a), then run gpuboot up again: the phase runs again from its start.")
+
+
 def _host_result(data: dict, status: str) -> HostResult:
     res = data.get("res")
     message = _message(res) if status in ("failed", "unreachable", "ignored") else ""
     if status == "unreachable":
         message += _host_key_fix(message) + _silent_host_fix(str(data.get("host", "?")), message)
     if status == "failed":
-        message += _no_space_fix(str(data.get("host", "?")), message)
+        message += _no_space_fix(str(data.get("host", "?")), message) + _timed_out_fix(str(data.get("host", "?")), res)
     if status == "ok" and isinstance(res, dict) and res.get("gpuboot_notice"):
         # What a phase tells the operator without failing (`debug: var: gpuboot_notice`).
         message = str(res["gpuboot_notice"])
