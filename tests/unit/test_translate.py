@@ -118,9 +118,9 @@ def test_a_full_disk_says_which_node_and_where_the_phases_write():
 
 def test_a_step_past_its_timeout_says_where_it_hung_and_that_a_rerun_is_safe():
     # ansible-core's result for a task that ran past its `timeout` (the package tasks have one).
-    res = {"msg": "Timed out after 900 second(s).", "timedout": {"frame": "...", "period": 900}}
+    res = {"msg": "Task failed: Timed out after 900 second(s).", "timedout": {"frame": "...", "period": 900}}
     event = translate(ev("runner_on_failed", host="w1", task="Kubernetes packages | install", res=res))
-    assert event.message.startswith("Timed out after 900 second(s).")
+    assert event.message.startswith("Task failed: Timed out after 900 second(s).")
     assert "did not finish on w1 in 900 s" in event.message and "On w1, see what it was waiting on" in event.message
     assert "run gpuboot up again" in event.message
     # A failure that is not a timeout gets no such advice.
