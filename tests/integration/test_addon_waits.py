@@ -69,11 +69,29 @@ def test_gpu_operator_wait_passes_when_ready_and_names_the_state_otherwise(api, 
                                                        "metadata": {"name": "gpu-operator"}}))
     api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
                                                        "metadata": {"name": "cluster-policy"}, "spec": {}}))
-    variables = {"gpu_operator_kubeconfig": str(api.kubeconfig), "gpu_operator_ready_timeout": 5}
+    variables = {"gpu_operator_kubeconfig": str(api.kubeconfig), "gpu_operator_ready_timeout": 5,
+                 "gpu_operator_plan": {"nodes": {"gpu01": {}, "gpu02": {}}}}
+
+    def ready(reason: str) -> dict:
+        return {"state": "ready", "conditions": [{"type": "Ready", "status": "True", "reason": reason, "message": "",
+                                                  "lastTransitionTime": "2026-11-28T20:39:05Z"}]}
+
     status(api, "clusterpolicies.nvidia.com", "cluster-policy", {"state": "notReady"})
     short = wait(api, tmp_path, "gpu_operator", variables)
     assert short.returncode != 0 and "ClusterPolicy is notReady after 5 s" in short.stdout, short.stdout[-3000:]
-    status(api, "clusterpolicies.nvidia.com", "cluster-policy", {"state": "ready"})
+    # NVIDIA's operator says `ready` when NFD labelled no node (seen with the real v26.7.0 in the
+    # lab, its NFD pods failing): it deployed nothing, so a cluster with GPU nodes is not done.
+    status(api, "clusterpolicies.nvidia.com", "cluster-policy", ready("NFDLabelsMissing"))
+    no_nfd = wait(api, tmp_path, "gpu_operator", variables)
+    assert no_nfd.returncode != 0 and "found no node labelled by Node Feature Discovery" in no_nfd.stdout, \
+        no_nfd.stdout[-3000:]
+    status(api, "clusterpolicies.nvidia.com", "cluster-policy", ready("NoGPUNodes"))
+    no_gpu = wait(api, tmp_path, "gpu_operator", variables)
+    assert no_gpu.returncode != 0 and "although the\ninventory has 2" in no_gpu.stdout.replace("  ", ""), \
+        no_gpu.stdout[-3000:]
+    # Without GPU nodes in the inventory, that is what done looks like.
+    assert wait(api, tmp_path, "gpu_operator", variables | {"gpu_operator_plan": {"nodes": {}}}).returncode == 0
+    status(api, "clusterpolicies.nvidia.com", "cluster-policy", ready("Reconciled"))
     ok = wait(api, tmp_path, "gpu_operator", variables)
     assert ok.returncode == 0, ok.stdout[-3000:]
 

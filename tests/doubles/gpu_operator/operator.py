@@ -12,7 +12,9 @@ node's double hardware facts:
   replicas of the profile the node's nvidia.com/device-plugin.config label picks, or the MIG
   devices of the layout its nvidia.com/mig.config label names (filtered by the GPU's PCI id,
   named by the ClusterPolicy's MIG strategy);
-- ClusterPolicy status.state ready only when every operand DaemonSet is ready on every node.
+- ClusterPolicy status.state ready when every operand DaemonSet is ready on every node, with
+  the Ready condition's reason Reconciled; ready with NoGPUNodes when none of its GPU nodes
+  is in the cluster, as NVIDIA's operator says it.
 
 Operand pods run a double image (busybox): a node-local fault file
 /etc/gpuboot-double/fault-<operand> makes that operand's pod on that node exit with the
@@ -194,8 +196,17 @@ class DoubleGpuOperator(DoubleController):
             if ds["metadata"]["name"].startswith(tuple(OPERANDS.values())):
                 desired = status.get("desiredNumberScheduled", 0)
                 ready &= desired > 0 and status.get("numberReady", 0) == desired
-        state = "ready" if ready else "notReady"
-        if (policy.get("status") or {}).get("state") != state:
+        # As NVIDIA's operator says it (v25.3, v26.7): `ready` also when it has no GPU node to
+        # deploy to, told apart by the Ready condition's reason; Reconciled once operands run.
+        gpu_nodes = [name for name in self.hardware if name in nodes]
+        state = "ready" if ready or not gpu_nodes else "notReady"
+        reason = ("Reconciled" if gpu_nodes else "NoGPUNodes") if state == "ready" else "OperandNotReady"
+        condition = {"type": "Ready", "status": "True" if state == "ready" else "False", "reason": reason,
+                     "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+        status = policy.get("status") or {}
+        said = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+        if status.get("state") != state or not said or said[0].get("reason") != reason:
             self._run("patch", "clusterpolicies.nvidia.com", "cluster-policy", "--subresource=status", "--type=merge",
-                      "-p", json.dumps({"status": {"state": state, "namespace": self.namespace}}))
+                      "-p", json.dumps({"status": {"state": state, "namespace": self.namespace,
+                                                   "conditions": [condition]}}))
         return state
