@@ -100,7 +100,9 @@ OPERATORS = (
         # The container image's: the host's /sys, /proc, /etc are mounted under /host-*.
         variables=(("sigs.k8s.io/node-feature-discovery/pkg/version.version", "{version}"),
                    ("sigs.k8s.io/node-feature-discovery/pkg/utils/hostpath.pathPrefix", "/host-")),
-        tags="osusergo,netgo"),
+        # Its Dockerfile's USER: the chart's pods set runAsNonRoot, which a root image fails
+        # (seen in the lab: CreateContainerConfigError on every NFD pod).
+        user="65534:65534", tags="osusergo,netgo"),
     OperatorImage(
         "network_operator", "operator", "tree:Mellanox/network-operator",
         binaries=(("manager", "."), ("keep-ncp", "cmd/keep-ncp"), ("apply-crds", "cmd/apply-crds")),
