@@ -77,8 +77,30 @@ def test_gpu_operator_wait_passes_when_ready_and_names_the_state_otherwise(api, 
                                                   "lastTransitionTime": "2026-11-28T20:39:05Z"}]}
 
     status(api, "clusterpolicies.nvidia.com", "cluster-policy", {"state": "notReady"})
+    # Two operand pods as the kubelet reports them: one stuck in its init container (seen in the
+    # lab with NVIDIA's real operands on a node whose / is not a shared mount), one running.
+    stuck = "failed to generate spec: path \"/run/nvidia\" is mounted on \"/run\" but it is not a shared or slave mount"
+    for name, ready_, init, main in (
+            ("nvidia-device-plugin-daemonset-x", "False",
+             {"waiting": {"reason": "CreateContainerError", "message": stuck}}, {"waiting": {"reason": "PodInitializing"}}),
+            ("gpu-feature-discovery-y", "True", {"terminated": {"exitCode": 0, "reason": "Completed"}}, {"running": {}})):
+        api.kubectl("apply", "-f", "-", stdin=json.dumps({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "gpu-operator"},
+            "spec": {"nodeName": "gpu01", "initContainers": [{"name": "wait", "image": "i"}],
+                     "containers": [{"name": "main", "image": "i"}]}}))
+        api.kubectl("patch", "pod", name, "-n", "gpu-operator", "--subresource=status", "--type=merge", "-p", json.dumps(
+            {"status": {"phase": "Running" if ready_ == "True" else "Pending",
+                        "conditions": [{"type": "Ready", "status": ready_}],
+                        "initContainerStatuses": [{"name": "wait", "image": "i", "imageID": "", "ready": ready_ == "True",
+                                                   "restartCount": 0, "state": init}],
+                        "containerStatuses": [{"name": "main", "image": "i", "imageID": "", "ready": ready_ == "True",
+                                               "restartCount": 0, "state": main}]}}))
     short = wait(api, tmp_path, "gpu_operator", variables)
     assert short.returncode != 0 and "ClusterPolicy is notReady after 5 s" in short.stdout, short.stdout[-3000:]
+    said = " ".join(short.stdout.split())
+    assert f"- gpu01: nvidia-device-plugin-daemonset-x CreateContainerError {' '.join(stuck.split())}" in \
+        said.replace('\\"', '"'), short.stdout[-3000:]
+    assert "gpu-feature-discovery-y" not in short.stdout
     # NVIDIA's operator says `ready` when NFD labelled no node (seen with the real v26.7.0 in the
     # lab, its NFD pods failing): it deployed nothing, so a cluster with GPU nodes is not done.
     status(api, "clusterpolicies.nvidia.com", "cluster-policy", ready("NFDLabelsMissing"))
