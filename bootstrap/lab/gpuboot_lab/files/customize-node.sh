@@ -27,6 +27,27 @@ chmod 700 "$root/root/.ssh"
 printf 'PasswordAuthentication no\nPermitRootLogin prohibit-password\nUseDNS no\n' \
   > "$root/etc/ssh/sshd_config.d/gpuboot-lab.conf"
 
+# Mounts shared, as systemd leaves them on a host: the container runtime starts with them
+# private, and NVIDIA's operands (HostToContainer and Bidirectional propagation on /run/nvidia
+# and /) are refused on a private mount ("is mounted on /run but it is not a shared or slave
+# mount", seen in the lab). kind does the same at its nodes' start.
+cat > "$root/etc/systemd/system/gpuboot-shared-mounts.service" <<'UNIT'
+[Unit]
+Description=Make every mount shared, as on a host
+DefaultDependencies=no
+Before=local-fs.target containerd.service
+
+[Service]
+Type=oneshot
+ExecStart=/bin/mount --make-rshared /
+
+[Install]
+WantedBy=local-fs.target
+UNIT
+mkdir -p "$root/etc/systemd/system/local-fs.target.wants"
+ln -sf /etc/systemd/system/gpuboot-shared-mounts.service \
+  "$root/etc/systemd/system/local-fs.target.wants/gpuboot-shared-mounts.service"
+
 # A sudo user, as most bare-metal inventories use one instead of root.
 chroot "$root" useradd --create-home --shell /bin/bash gpuboot
 mkdir -p "$root/home/gpuboot/.ssh"
