@@ -83,6 +83,8 @@ def test_gpu_operator_wait_passes_when_ready_and_names_the_state_otherwise(api, 
     for name, ready_, init, main in (
             ("nvidia-device-plugin-daemonset-x", "False",
              {"waiting": {"reason": "CreateContainerError", "message": stuck}}, {"waiting": {"reason": "PodInitializing"}}),
+            ("nvidia-dcgm-exporter-z", "False", {"running": {"startedAt": "2026-11-28T21:05:00Z"}},
+             {"waiting": {"reason": "PodInitializing"}}),
             ("gpu-feature-discovery-y", "True", {"terminated": {"exitCode": 0, "reason": "Completed"}}, {"running": {}})):
         api.kubectl("apply", "-f", "-", stdin=json.dumps({
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "gpu-operator"},
@@ -100,6 +102,8 @@ def test_gpu_operator_wait_passes_when_ready_and_names_the_state_otherwise(api, 
     said = " ".join(short.stdout.split())
     assert f"- gpu01: nvidia-device-plugin-daemonset-x CreateContainerError {' '.join(stuck.split())}" in \
         said.replace('\\"', '"'), short.stdout[-3000:]
+    # An init container still running (NVIDIA's wait for the toolkit's and driver's validations).
+    assert "- gpu01: nvidia-dcgm-exporter-z Init still in init container wait" in said, short.stdout[-3000:]
     assert "gpu-feature-discovery-y" not in short.stdout
     # NVIDIA's operator says `ready` when NFD labelled no node (seen with the real v26.7.0 in the
     # lab, its NFD pods failing): it deployed nothing, so a cluster with GPU nodes is not done.
