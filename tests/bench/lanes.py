@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 from tests.bench.suite_profile import cache_dir
-from tests.support.reuse import FRESH_ENV, HARNESS, PRODUCT, ModuleKey
+from tests.support.reuse import HARNESS, PRODUCT, ModuleKey, recorded_pass
 
 ROOT = Path(__file__).resolve().parents[2]
 # Seconds for a file no profile has seen: lab modules are minutes, the rest seconds.
@@ -96,9 +95,9 @@ MOLECULE = "tests/integration/test_molecule.py"
 
 def module_reused(file: str, root: Path = ROOT) -> bool:
     """Whether tests/support/reuse.py will skip this whole module as REUSED here and now."""
-    if os.environ.get(FRESH_ENV) == "1" or REUSE_MARK not in (root / file).read_text():
+    if REUSE_MARK not in (root / file).read_text():
         return False
-    return ModuleKey.now(root / file, (*PRODUCT, *HARNESS)).record.is_file()
+    return recorded_pass(ModuleKey.now(root / file, (*PRODUCT, *HARNESS))) is not None
 
 
 def molecule_share() -> float:

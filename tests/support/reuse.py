@@ -136,13 +136,18 @@ class ReusePlugin:
                                           "tests": sorted(self.items[module]), "machine": key.parts}, indent=1) + "\n")
 
 
+def recorded_pass(key: ModuleKey) -> Path | None:
+    """The record a module with this key is reused on here and now: none with FRESH_ENV=1."""
+    return key.record if key.record.is_file() and os.environ.get(FRESH_ENV) != "1" else None
+
+
 def reuse_module(request: pytest.FixtureRequest, *paths: str):
     """For a module-scoped fixture: skip the whole module as REUSED if it passed on this machine
     with identical inputs; else let it run, and record it if every test of it passes."""
     module = ReusePlugin._module(request.node.nodeid)
     key = ModuleKey.now(request.node.path, (*PRODUCT, *HARNESS, *paths))
-    record = key.record
-    if record.is_file() and os.environ.get(FRESH_ENV) != "1":
+    record = recorded_pass(key)
+    if record is not None:
         stored = json.loads(record.read_text())
         pytest.skip(f"REUSED: the whole module passed on this machine at {stored['passed']} (commit "
                     f"{stored['commit']}) with identical inputs; record {record}; {FRESH_ENV}=1 runs it")
