@@ -1,15 +1,18 @@
-"""NVIDIA's GPU Operator for real in a lab cluster (issue 29, point 3): its real chart from the
-source tree at the tag the release pins, its controller and NFD built from their sources
-(`gpuboot_lab.operators`), installed by gpuboot's gpu_operator phase through the air-gapped lab
-mirror onto a kubeadm cluster whose GPU node declares its double hardware to the real NFD
-through a local feature file. The operands' images are doubles.
+"""NVIDIA's GPU Operator for real in a lab cluster: its real chart from the source tree at the
+tag the release pins, its controller and NFD built from their sources (`gpuboot_lab.operators`),
+installed by gpuboot's gpu_operator phase through the air-gapped lab mirror onto a kubeadm
+cluster whose GPU node declares its double hardware to the real NFD through a local feature
+file. The operands' images are doubles (tests/support/addon_doubles.py).
 
-First step: what the real operator deploys on the lab's GPU node and where each operand stops,
-written to GPUBOOT_EXPERIMENT_OUT (or the test's tmp directory)."""
+What it shows: the real operator, fed gpuboot's ClusterPolicy, deploys exactly the operands that
+policy turns on, on the GPU node only, from exactly the images gpuboot's mirror plan holds; and
+gpuboot does not count the phase done while those operands wait, naming each pod with the init
+container it waits in. The operands wait because the lab has no driver or toolkit double yet
+that the real validator accepts; what each one printed is kept in the test's tmp directory."""
 from __future__ import annotations
 
 import io
-import os
+import json
 import subprocess
 import tarfile
 import tempfile
@@ -20,9 +23,12 @@ import yaml
 
 from gpuboot import matrix
 from gpuboot.cli.main import run
+from gpuboot.config.loader import load_cluster
+from gpuboot.mirror import plan as mirror_plan
 from gpuboot.mirror.bundle import Bundle
 from gpuboot.mirror.plan import PlannedChart
 from gpuboot.mirror.pull import chart_artifact
+from gpuboot.mirror.refs import parse_image
 from gpuboot_lab import operators
 from gpuboot_lab.cluster import LabSpec
 from tests.integration.conftest import ssh
@@ -57,16 +63,60 @@ def real_chart(helm: Path, release: matrix.Release, into: Path) -> tuple[str, by
     return version, next(into.glob("gpu-operator-*.tgz")).read_bytes()
 
 
-def test_the_real_gpu_operator_deploys_its_operands_on_the_lab_s_gpu_node(lab_required, tmp_path, monkeypatch,
-                                                                           capsys):
+# ClusterPolicy section -> the DaemonSet NVIDIA's operator deploys for it (its assets/ at the tag).
+OPERAND_DAEMONSETS = {
+    "driver": "nvidia-driver-daemonset",
+    "toolkit": "nvidia-container-toolkit-daemonset",
+    "devicePlugin": "nvidia-device-plugin-daemonset",
+    "dcgmExporter": "nvidia-dcgm-exporter",
+    "gfd": "gpu-feature-discovery",
+    "migManager": "nvidia-mig-manager",
+}
+# The validator has no switch: the operator always deploys it.
+VALIDATOR = "nvidia-operator-validator"
+# Planned for gpuboot itself, not for the operator: validate's nvidia-smi Job.
+GPUBOOT_OWN = ("smokeTest",)
+
+
+def images_of(workloads: list[dict]) -> set[str]:
+    return {c["image"] for w in workloads for key in ("containers", "initContainers")
+            for c in w["spec"]["template"]["spec"].get(key, [])}
+
+
+def running_init_container(pod: dict) -> str | None:
+    return next((s["name"] for s in pod["status"].get("initContainerStatuses", [])
+                 if not s["ready"] and "running" in s["state"]), None)
+
+
+def keep(out: Path, kubectl: list[str]) -> None:
+    """What the cluster showed, for whoever reads a failure (or the next double's needs)."""
+    for label, args in {
+        "clusterpolicy": ["get", "clusterpolicies.nvidia.com", "-o", "yaml"],
+        "workloads": ["get", "ds,deploy,pods,jobs", "-A", "-o", "wide"],
+        "events": ["get", "events", "-A", "--sort-by=.lastTimestamp"],
+        "operator-log": ["-n", "gpu-operator", "logs", "deploy/gpu-operator", "--tail=400"],
+    }.items():
+        done = subprocess.run([*kubectl, *args], capture_output=True, text=True, timeout=60)
+        (out / f"{label}.txt").write_text(done.stdout + done.stderr)
+    names = subprocess.run([*kubectl, "-n", "gpu-operator", "get", "pods", "-o", "name"], capture_output=True,
+                           text=True, timeout=60).stdout.split()
+    for pod in names:
+        done = subprocess.run([*kubectl, "-n", "gpu-operator", "logs", pod, "--all-containers", "--tail=100"],
+                              capture_output=True, text=True, timeout=60)
+        (out / f"log-{pod.split('/')[-1]}.txt").write_text(done.stdout + done.stderr)
+
+
+def test_the_real_gpu_operator_deploys_the_planned_operands_and_gpuboot_names_where_each_waits(
+        lab_required, tmp_path, monkeypatch, capsys):
     release = matrix.load(RELEASE)
-    out = Path(os.environ.get("GPUBOOT_EXPERIMENT_OUT", tmp_path / "experiment"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = tmp_path / "seen"
+    out.mkdir()
     spec = LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=1, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)
     with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:
         data = node_lab.settings()
-        data["all"]["vars"]["gpu_operator_ready_timeout"] = 240
+        # Long enough for the operator to schedule and start every operand (about 2 min here).
+        data["all"]["vars"]["gpu_operator_ready_timeout"] = 210
         node_lab.write(data)
         host_vars = node_lab.inventory.parent / "host_vars"
         host_vars.mkdir(exist_ok=True)
@@ -77,10 +127,10 @@ def test_the_real_gpu_operator_deploys_its_operands_on_the_lab_s_gpu_node(lab_re
         add_to_bundle(node_lab.bundle, node_lab.inventory, node_lab.helm)
         bundle = Bundle(node_lab.bundle)
         name, artifacts = bundle.read_manifest()
-        planned = next(a for a in artifacts if a.kind == "chart" and "gpu-operator" in a.ref)
+        planned_chart = next(a for a in artifacts if a.kind == "chart" and "gpu-operator" in a.ref)
         with tempfile.TemporaryDirectory() as tmp:
             version, archive = real_chart(node_lab.helm, release, Path(tmp))
-        chart = chart_artifact(bundle, PlannedChart("gpu_operator", planned.ref.split("(")[-1].rstrip(")"),
+        chart = chart_artifact(bundle, PlannedChart("gpu_operator", planned_chart.ref.split("(")[-1].rstrip(")"),
                                                     "gpu-operator", version), archive)
         real = [chart, *operators.images(bundle, release, specs=tuple(
             s for s in operators.OPERATORS if s.component == "gpu_operator"))]
@@ -92,25 +142,54 @@ def test_the_real_gpu_operator_deploys_its_operands_on_the_lab_s_gpu_node(lab_re
         # validator runs through chroot /host.
         ssh(node_lab.info(), GPU_NODE, "cat > /usr/bin/nvidia-smi && chmod 0755 /usr/bin/nvidia-smi",
             stdin=NVIDIA_SMI)
+        cluster = load_cluster(node_lab.inventory)
+        plan = mirror_plan.build(release, mirror_plan.Target.of(cluster, release)).only({"gpu_operator"})
 
         code = run(["up", str(node_lab.inventory), "--to", "gpu_operator", "--skip-mirror-check"])
         said = capsys.readouterr()
-        (out / "up.txt").write_text(f"exit {code}\n{said.out}\n{said.err}")
+        told = said.out + said.err
+        (out / "up.txt").write_text(f"exit {code}\n{told}")
         kubectl = [str(node_lab.kubectl), "--kubeconfig", str(node_lab.kubeconfig), "--request-timeout=20s"]
-        for label, args in {
-            "nodes": ["get", "nodes", "-o", "yaml"],
-            "clusterpolicy": ["get", "clusterpolicies.nvidia.com", "-o", "yaml"],
-            "workloads": ["get", "ds,deploy,pods,jobs", "-A", "-o", "wide"],
-            "describe": ["-n", "gpu-operator", "describe", "pods"],
-            "events": ["get", "events", "-A", "--sort-by=.lastTimestamp"],
-            "operator-log": ["-n", "gpu-operator", "logs", "deploy/gpu-operator", "--tail=400"],
-        }.items():
-            done = subprocess.run([*kubectl, *args], capture_output=True, text=True, timeout=60)
-            (out / f"{label}.txt").write_text(done.stdout + done.stderr)
-        pods = subprocess.run([*kubectl, "-n", "gpu-operator", "get", "pods", "-o", "name"], capture_output=True,
-                              text=True, timeout=60).stdout.split()
-        for pod in pods:
-            done = subprocess.run([*kubectl, "-n", "gpu-operator", "logs", pod, "--all-containers", "--tail=100"],
-                                  capture_output=True, text=True, timeout=60)
-            (out / f"log-{pod.split('/')[-1]}.txt").write_text(done.stdout + done.stderr)
-        assert pods, (out / "up.txt").read_text()[-4000:]
+        keep(out, kubectl)
+
+        def get(*args: str) -> list[dict]:
+            done = subprocess.run([*kubectl, "-n", "gpu-operator", "get", *args, "-o", "json"], capture_output=True,
+                                  text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)["items"]
+
+        policy = get("clusterpolicies.nvidia.com")[0]["spec"]
+        workloads = get("daemonsets,deployments,jobs")
+        pods = get("pods")
+        daemonsets = {w["metadata"]["name"] for w in workloads if w["kind"] == "DaemonSet"}
+        seen = f"(what the cluster showed: {out})"
+
+        # The operands gpuboot's ClusterPolicy turns on, and no others of those it can turn off.
+        wanted = {ds for key, ds in OPERAND_DAEMONSETS.items() if policy[key]["enabled"]} | {VALIDATOR}
+        assert {ds for ds in daemonsets if ds in wanted or ds in OPERAND_DAEMONSETS.values()} == wanted, seen
+        assert not policy["driver"]["enabled"]  # the node's driver is preinstalled
+        # Every operand pod on the GPU node and nowhere else (NFD's worker runs on every node).
+        operand_pods = [p for p in pods if any(r["kind"] == "DaemonSet" and r["name"] in wanted
+                                               for r in p["metadata"].get("ownerReferences", []))]
+        scheduled = {r["name"] for p in operand_pods for r in p["metadata"]["ownerReferences"]}
+        # The MIG manager waits for GFD's nvidia.com/mig.capable label, which no double sets yet.
+        assert scheduled == wanted - {OPERAND_DAEMONSETS["migManager"]}, seen
+        assert {p["spec"].get("nodeName") for p in operand_pods} == {GPU_NODE}, seen
+
+        # What the operator deployed is what gpuboot's mirror plan holds for it: one image too
+        # many in the plan is an air gap's waste, one too few a pod that never pulls.
+        deployed = images_of(workloads)
+        own = {str(parse_image(release.images["gpu_operator"][key])) for key in GPUBOOT_OWN}
+        planned = {str(image.ref) for image in plan.images} - own
+        assert deployed == planned, (sorted(deployed - planned), sorted(planned - deployed), seen)
+
+        # The operands wait for validations no double in the lab passes yet: gpuboot does not
+        # count the phase done, and names each pod, on its node, with the init container it is in.
+        assert code != 0, told[-3000:]
+        assert "ClusterPolicy is notReady" in told, told[-3000:]
+        for pod in operand_pods:
+            named = f"- {GPU_NODE}: {pod['metadata']['name']} "
+            assert named in told, (named, told[-3000:])
+            inside = running_init_container(pod)
+            if inside:
+                assert f"{named}Init still in init container {inside}" in told, (inside, told[-3000:])
