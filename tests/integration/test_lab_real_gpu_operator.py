@@ -38,10 +38,10 @@ from tests.support.addon_lab import addon_lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
-NAME = "rgpu"
-SUBNET = "10.213.88.0/24"
-RELEASE = "k8s-1.36"
-GPU_NODE = f"{NAME}-gpu1"
+# A control plane and a GPU worker, kubeadm's, in a subnet of their own.
+SPEC = LabSpec(name="rgpu", control_planes=1, workers=0, gpu_workers=1, subnet="10.213.88.0/24", flavour="kubernetes",
+               release="k8s-1.36")
+GPU_NODE = f"{SPEC.name}-gpu1"
 # NFD's local source: a feature file under features.d labels the node as if its PCI scan found
 # an NVIDIA device (class 0302, vendor 10de), which is what the operator selects GPU nodes by.
 FEATURES = "/etc/kubernetes/node-feature-discovery/features.d/gpuboot-double-hardware"
@@ -51,7 +51,7 @@ DOUBLE_FEATURES = "pci-10de.present=true\npci-0302_10de.present=true\n"
 def real_chart(helm: Path, release: matrix.Release, into: Path) -> tuple[str, bytes]:
     """(version, archive) of the GPU Operator's chart at the release's tag, packaged by the real helm."""
     version = release.gpu_operator["chart"]["version"]
-    upstream, git_dir, tag = source_tree("gpu-operator", version, RELEASE)
+    upstream, git_dir, tag = source_tree("gpu-operator", version, SPEC.release)
     archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", tag, upstream.chart_dir],
                              capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
@@ -108,12 +108,10 @@ def keep(out: Path, kubectl: list[str]) -> None:
 
 def test_the_real_gpu_operator_deploys_the_planned_operands_and_gpuboot_names_where_each_waits(
         lab_required, tmp_path, monkeypatch, capsys):
-    release = matrix.load(RELEASE)
+    release = matrix.load(SPEC.release)
     out = tmp_path / "seen"
     out.mkdir()
-    spec = LabSpec(name=NAME, control_planes=1, workers=0, gpu_workers=1, subnet=SUBNET, flavour="kubernetes",
-                   release=RELEASE)
-    with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:
+    with addon_lab(tmp_path, monkeypatch, capsys, SPEC) as node_lab:
         data = node_lab.settings()
         # Long enough for the operator to schedule and start every operand (about 2 min here).
         data["all"]["vars"]["gpu_operator_ready_timeout"] = 210
