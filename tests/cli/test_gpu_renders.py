@@ -193,3 +193,21 @@ def test_calico_installation_from_the_inventory(rendered):
     assert node_image.startswith(values["installation"]["registry"] + values["installation"]["imagePath"] + "/")
     operator = values["tigeraOperator"]
     assert f"{operator['registry']}/{operator['image']}:{operator['version']}" in release.images["calico"]
+
+
+def test_dev_char_links_off_reach_the_validator_s_driver_env(tmp_path):
+    """gpu_operator.dev_char_symlinks: false is NVIDIA's documented switch, in the chart's
+    validator.driver.env; left at its default the validator links /dev/char as upstream does."""
+    data = yaml.safe_load((ROOT / "tests" / "corpus" / "gpu" / "preinstalled" / "inventory.yml").read_text())
+    data["all"]["vars"]["gpuboot"]["gpu_operator"] = {"dev_char_symlinks": False}
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(data))
+    assert run(["render", str(inventory), "--out", str(tmp_path / "out")]) == 0
+    values = load(tmp_path / "out" / "cp1" / ADDONS, "gpu-operator/values.yaml")
+    check_values(values)
+    assert values["validator"]["driver"] == {"env": [{"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "true"}]}
+
+
+def test_dev_char_links_stay_on_by_default(rendered):
+    values = load(rendered["preinstalled"][1], "gpu-operator/values.yaml")
+    assert "driver" not in values["validator"]

@@ -260,6 +260,10 @@ class GpuOperator(Strict):
     mig_strategy: Literal["single", "mixed"] = "mixed"
     # Named MIG layouts nodes can pick with gpu.mig.layout, as instances per GPU.
     mig_layouts: dict[Annotated[str, Field(pattern=r"^[a-z0-9][-a-z0-9_.]{0,62}$")], list[MigDevices]] = {}
+    # NVIDIA's validator links every NVIDIA device node under /dev/char, which containerd's
+    # systemd cgroup driver needs (gpu-operator #430). It needs the driver's device majors in
+    # /proc/devices; turn it off only where the host cannot have them, as NVIDIA documents.
+    dev_char_symlinks: bool = True
 
 
 class NetworkOperator(Strict):

@@ -42,7 +42,7 @@ RECIPE_VERSION = "1"
 # The upstream images' bases are distroless and Debian: a shell and CA roots are what their
 # controllers and Jobs use of them.
 BASE_PACKAGES = ["busybox-static", "ca-certificates"]
-BASE_LINKS = {"/bin/sh": "busybox"}
+BASE_LINKS = {"/bin/sh": "busybox", "/usr/sbin/chroot": "/bin/busybox"}
 # `path => ./dir`, alone on a replace line or in a replace block.
 LOCAL_REPLACE = re.compile(r"^\s*(?:replace\s+)?(\S+)\s+=>\s+\./\S+\s*$", re.M)
 
