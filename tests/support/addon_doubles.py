@@ -46,12 +46,34 @@ case "$1" in
 esac
 """
 
+# The CUDA sample NVIDIA's validator image carries (its cuda-validation runs it in a pod that
+# asks for the management CDI device). A CUDA kernel needs a GPU; the double checks what the
+# sample would find first, a driver in the container (the toolkit's CDI injection of nvidia-smi
+# from the driver root), and says what the sample says.
+VECTOR_ADD = b"""#!/bin/sh
+echo "vectorAdd TEST DOUBLE: no real GPU in the lab"
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
+  echo "Failed to allocate device vector A (error code no CUDA-capable device is detected)!" >&2
+  exit 1
+fi
+echo "[Vector addition of 50000 elements]"
+echo "Test PASSED"
+echo "Done"
+"""
+
 
 def double_image(bundle: Bundle, ref: str, busybox: bytes) -> Artifact:
     base = layer_tar([("bin/busybox", busybox, 0o755), ("bin/sh", busybox, 0o755), ("usr/bin/agnhost", AGNHOST, 0o755)])
     # As the real images: agnhost's runs agnhost, an operand's runs until stopped.
     entrypoint = ["/usr/bin/agnhost"] if ref.split(":")[0].endswith("/agnhost") else ["/bin/busybox", "sleep", "2147483647"]
     return image_artifact(bundle, ref, "usr/bin/nvidia-smi", NVIDIA_SMI, entrypoint, base)
+
+
+def toolkit_image(bundle: Bundle, ref: str, busybox: bytes, toolkit: bytes) -> Artifact:
+    """The container toolkit's image: the Go double (tests/doubles/gpu_operator/toolkit) as the
+    `nvidia-toolkit` the operator's entrypoint runs, over a shell for that entrypoint."""
+    base = layer_tar([("bin/busybox", busybox, 0o755), ("bin/sh", busybox, 0o755)])
+    return image_artifact(bundle, ref, "usr/bin/nvidia-toolkit", toolkit, ["/usr/bin/nvidia-toolkit"], base)
 
 
 def package_chart(helm: Path, name: str, version: str, out: Path) -> bytes:

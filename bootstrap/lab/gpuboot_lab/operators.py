@@ -242,8 +242,11 @@ def image_ref(release: Release, spec: OperatorImage) -> str:
 
 
 def images(bundle: Bundle, release: Release, build: OperatorBuild | None = None,
-           specs: tuple[OperatorImage, ...] = OPERATORS) -> list[Artifact]:
-    """The release's images of `specs` (NVIDIA's operators), built here from their sources, into `bundle`."""
+           specs: tuple[OperatorImage, ...] = OPERATORS,
+           stand_ins: dict[str, list[tuple[str, bytes, int]]] | None = None) -> list[Artifact]:
+    """The release's images of `specs` (NVIDIA's operators), built here from their sources, into
+    `bundle`. `stand_ins`: by image key, files a test adds in place of what upstream's image
+    carries and the lab cannot build (the validator's CUDA sample needs a GPU: its test double)."""
     build = build or OperatorBuild()
     base = rootfs_tar(BASE_PACKAGES, build.cache_dir / "debroot", BASE_LINKS)
     built = []
@@ -253,6 +256,7 @@ def images(bundle: Bundle, release: Release, build: OperatorBuild | None = None,
         bin_dir = build.build(spec, version)
         entries = [(spec.image_path(name), (bin_dir / name).read_bytes(), 0o755) for name, _ in spec.binaries]
         entries += build.files(spec, version)
+        entries += (stand_ins or {}).get(spec.key, [])
         config = {"User": spec.user, **({"Entrypoint": list(spec.entrypoint)} if spec.entrypoint else {})}
         build.log(f"image {ref}")
         built.append(layered_image(bundle, ref, [base, _layer(entries)], config))
