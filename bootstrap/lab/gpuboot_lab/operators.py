@@ -63,6 +63,8 @@ class OperatorImage:
     tags: str = ""
     # Where the binaries go in the image: the chart's commands name them there.
     bin_path: str = "usr/bin"
+    # Folders of the tree left out of its archive (a tree whose history lacks some of their blobs).
+    archive_excludes: tuple[str, ...] = ()
 
     def image_path(self, name: str) -> str:
         return f"{self.bin_path}/{name}" if self.bin_path else name
@@ -103,6 +105,15 @@ OPERATORS = (
         # Its Dockerfile's USER: the chart's pods set runAsNonRoot, which a root image fails
         # (seen in the lab: CreateContainerConfigError on every NFD pod).
         user="65534:65534", tags="osusergo,netgo"),
+    # NVIDIA's k8s-device-plugin image: the device plugin, GPU Feature Discovery and the MPS
+    # daemon read the GPUs through NVML, which needs a GPU, so the lab builds only its
+    # config-manager (the device plugin's and GFD's config from a node label); a test adds the
+    # others' doubles (`stand_ins`). Its tests/ has blobs the public history lacks.
+    OperatorImage(
+        "gpu_operator", "devicePlugin", "tree:NVIDIA/k8s-device-plugin",
+        binaries=(("config-manager", "cmd/config-manager"),),
+        variables=(("github.com/NVIDIA/k8s-device-plugin/internal/info.version", "{version}"),),
+        archive_excludes=("tests",)),
     OperatorImage(
         "network_operator", "operator", "tree:Mellanox/network-operator",
         binaries=(("manager", "."), ("keep-ncp", "cmd/keep-ncp"), ("apply-crds", "cmd/apply-crds")),
@@ -164,7 +175,10 @@ class OperatorBuild:
         into.mkdir(parents=True, exist_ok=True)
         if spec.kind == "tree":
             git_dir = self._git_dir(spec)
-            archive = subprocess.run(["git", f"--git-dir={git_dir}", "archive", version], capture_output=True, check=False)
+            excludes = [f":!{folder}" for folder in spec.archive_excludes]
+            archive = subprocess.run(["git", f"--git-dir={git_dir}", "archive", version, *(["--", ".", *excludes]
+                                                                                          if excludes else [])],
+                                     capture_output=True, check=False)
             if archive.returncode != 0:
                 raise LabError(f"{spec.origin} has no tag {version}", hint=archive.stderr.decode(errors="replace")[-300:])
             subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
