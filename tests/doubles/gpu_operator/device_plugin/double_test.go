@@ -171,7 +171,7 @@ func TestRegistersListsAllocatesAndRegistersAgainAfterAKubeletRestart(t *testing
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() { _ = Serve(ctx, dir, resources, true) }()
+	go func() { _ = Serve(ctx, dir, resources, Settings{StrictShare: true, Listing: Listing{EnvVar: true}}) }()
 	eventually(t, "registration", func() bool { return len(first.registered()) == 1 })
 	if got := first.registered()[0]; got != "nvidia.com/gpu@nvidia-gpu.sock" {
 		t.Fatalf("registered %s", got)

@@ -7,6 +7,7 @@ require (
 	google.golang.org/grpc v1.79.3
 	k8s.io/kubelet v0.36.3
 	sigs.k8s.io/yaml v1.6.0
+	tags.cncf.io/container-device-interface/specs-go v1.1.1
 )
 
 require (

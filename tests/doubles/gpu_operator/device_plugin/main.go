@@ -3,7 +3,10 @@
 // (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1), one endpoint per resource as the real plugin
 // does, and advertises the node's double GPUs, MIG devices and time-sliced replicas for its
 // config, so that a node's allocatable comes from the kubelet. It registers again whenever
-// the kubelet restarts (a new kubelet.sock), as the real plugin does.
+// the kubelet restarts (a new kubelet.sock), as the real plugin does. An allocation reaches the
+// container as DEVICE_LIST_STRATEGY says: NVIDIA_VISIBLE_DEVICES, or with the GPU Operator's CDI
+// strategies CDI devices (annotations and the CRI's field) from the CDI spec it writes, with
+// the driver root the validator found.
 //
 // It is never part of gpuboot: the lab builds it into the image the GPU Operator deploys as
 // its device plugin.
@@ -30,13 +33,17 @@ import (
 
 func main() {
 	configFile := flag.String("config-file", os.Getenv("CONFIG_FILE"), "the plugin's config (as the real plugin's --config-file)")
-	hardwareFile := flag.String("hardware", envOr("GPUBOOT_DOUBLE_HARDWARE", "/run/gpuboot-double/gpus.json"),
-		"the node's double GPUs, as NVML would report them")
+	hardwareFile := flag.String("hardware", hardwarePath(os.Getenv),
+		"the node's double GPUs, as NVML would report them (default: under the driver root)")
 	pluginDir := flag.String("plugin-dir", api.DevicePluginPath, "the kubelet's device-plugin folder")
 	once := flag.Bool("print", false, "print the resources it would advertise, and exit")
 	flag.Parse()
 
 	resources, err := load(*configFile, *hardwareFile)
+	if err != nil {
+		log.Fatalf("device plugin double: %v", err)
+	}
+	listing, err := listingFrom(os.Getenv)
 	if err != nil {
 		log.Fatalf("device plugin double: %v", err)
 	}
@@ -48,7 +55,20 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := Serve(ctx, *pluginDir, resources, failRequestsGreaterThanOne(*configFile)); err != nil {
+	if listing.cdi() {
+		spec, err := cdiSpec(listing, resources)
+		if err != nil {
+			log.Fatalf("device plugin double: %v", err)
+		}
+		path, err := writeCDISpec(listing.CDIDir, spec)
+		if err != nil {
+			log.Fatalf("device plugin double: writing the CDI spec: %v", err)
+		}
+		log.Printf("CDI spec %s: %d devices", path, len(spec.Devices))
+		defer os.Remove(path)
+	}
+	settings := Settings{StrictShare: failRequestsGreaterThanOne(*configFile), Listing: listing}
+	if err := Serve(ctx, *pluginDir, resources, settings); err != nil {
 		log.Fatalf("device plugin double: %v", err)
 	}
 }
@@ -73,13 +93,6 @@ func failRequestsGreaterThanOne(configFile string) bool {
 	return *config.Sharing.TimeSlicing.FailRequestsGreaterThanOne
 }
 
-func envOr(name, fallback string) string {
-	if value := os.Getenv(name); value != "" {
-		return value
-	}
-	return fallback
-}
-
 func sortedNames(resources map[string][]Device) []string {
 	var names []string
 	for name := range resources {
@@ -97,7 +110,13 @@ func endpoint(resource string) string {
 
 // Serve registers every resource with the kubelet and serves it until ctx ends, registering
 // again after each kubelet restart.
-func Serve(ctx context.Context, dir string, resources map[string][]Device, strictShare bool) error {
+// Settings: how the plugin answers allocations.
+type Settings struct {
+	StrictShare bool // time-slicing's failRequestsGreaterThanOne
+	Listing     Listing
+}
+
+func Serve(ctx context.Context, dir string, resources map[string][]Device, settings Settings) error {
 	kubeletSocket := filepath.Join(dir, filepath.Base(api.KubeletSocket))
 	for {
 		seen, err := waitFor(ctx, kubeletSocket)
@@ -107,7 +126,7 @@ func Serve(ctx context.Context, dir string, resources map[string][]Device, stric
 		var servers []*grpc.Server
 		var sockets []string
 		for _, name := range sortedNames(resources) {
-			server, err := start(dir, name, resources[name], strictShare)
+			server, err := start(dir, name, resources[name], settings)
 			if err != nil {
 				return err
 			}
@@ -130,7 +149,7 @@ func Serve(ctx context.Context, dir string, resources map[string][]Device, stric
 	}
 }
 
-func start(dir, name string, devices []Device, strictShare bool) (*grpc.Server, error) {
+func start(dir, name string, devices []Device, settings Settings) (*grpc.Server, error) {
 	path := filepath.Join(dir, endpoint(name))
 	_ = os.Remove(path)
 	listener, err := net.Listen("unix", path)
@@ -138,7 +157,8 @@ func start(dir, name string, devices []Device, strictShare bool) (*grpc.Server, 
 		return nil, fmt.Errorf("listening on %s: %v", path, err)
 	}
 	server := grpc.NewServer()
-	api.RegisterDevicePluginServer(server, &plugin{name: name, devices: devices, strictShare: strictShare})
+	api.RegisterDevicePluginServer(server, &plugin{name: name, devices: devices, strictShare: settings.StrictShare,
+		listing: settings.Listing})
 	go func() { _ = server.Serve(listener) }()
 	return server, nil
 }
@@ -213,6 +233,7 @@ type plugin struct {
 	name        string
 	devices     []Device
 	strictShare bool
+	listing     Listing
 }
 
 func (p *plugin) GetDevicePluginOptions(context.Context, *api.Empty) (*api.DevicePluginOptions, error) {
@@ -254,9 +275,7 @@ func (p *plugin) Allocate(_ context.Context, request *api.AllocateRequest) (*api
 				visible = append(visible, device.Underlying)
 			}
 		}
-		response.ContainerResponses = append(response.ContainerResponses, &api.ContainerAllocateResponse{
-			Envs: map[string]string{"NVIDIA_VISIBLE_DEVICES": strings.Join(visible, ",")},
-		})
+		response.ContainerResponses = append(response.ContainerResponses, p.listed(visible))
 	}
 	return response, nil
 }
@@ -267,4 +286,24 @@ func (p *plugin) GetPreferredAllocation(context.Context, *api.PreferredAllocatio
 
 func (p *plugin) PreStartContainer(context.Context, *api.PreStartContainerRequest) (*api.PreStartContainerResponse, error) {
 	return &api.PreStartContainerResponse{}, nil
+}
+
+// listed: how the allocated devices reach the container, by the listing strategies. With only
+// CDI strategies no env var is set, as the real plugin does.
+func (p *plugin) listed(uuids []string) *api.ContainerAllocateResponse {
+	response := &api.ContainerAllocateResponse{}
+	if p.listing.CDIAnnotations {
+		response.Annotations = map[string]string{
+			p.listing.AnnotationPrefix + "nvidia-device-plugin_" + responseID(): strings.Join(qualified(uuids), ","),
+		}
+	}
+	if p.listing.CDICRI {
+		for _, name := range qualified(uuids) {
+			response.CdiDevices = append(response.CdiDevices, &api.CDIDevice{Name: name})
+		}
+	}
+	if p.listing.EnvVar || !p.listing.cdi() {
+		response.Envs = map[string]string{"NVIDIA_VISIBLE_DEVICES": strings.Join(uuids, ",")}
+	}
+	return response
 }
