@@ -1,9 +1,10 @@
 """The TEST DOUBLES written in Go (each a module under tests/doubles with a go.mod) pass their own
 tests, built from Go modules as the lab builds everything:
-- the device plugin (tests/doubles/gpu_operator/device_plugin): against the device-plugin API of
-  the kubelet's module (registration, ListAndWatch, Allocate, registering again after a kubelet
-  restart) and the real plugin's config refusals and resource rules (MIG strategies,
-  time-slicing);
+- the operands that read GPUs through NVML (tests/doubles/gpu_operator/operands): the device
+  plugin against the device-plugin API of the kubelet's module (registration, ListAndWatch,
+  Allocate, registering again after a kubelet restart), the real plugin's config refusals,
+  resource rules (MIG strategies, time-slicing) and CDI listing; GFD's labels and its NodeFeature
+  object; the DCGM exporter's inputs and metrics;
 - the container toolkit (tests/doubles/gpu_operator/toolkit): the env NVIDIA's operator gives it
   in NRI plugin mode and what the real one refuses, the management CDI spec from the driver
   root, and the CDI devices each container's annotation asks for."""
@@ -22,7 +23,7 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuboo
 
 
 def test_every_go_double_is_found():
-    assert {"gpu_operator/device_plugin", "gpu_operator/toolkit"} <= set(MODULES)
+    assert {"gpu_operator/operands", "gpu_operator/toolkit"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -2,13 +2,15 @@
 tag the release pins, its controller and NFD built from their sources (`gpuboot_lab.operators`),
 installed by gpuboot's gpu_operator phase through the air-gapped lab mirror onto a kubeadm
 cluster whose GPU node declares its double hardware to the real NFD through a local feature
-file. The operands' images are doubles (tests/support/addon_doubles.py).
+file. Doubles stand only where a GPU is needed (tests/support/gpu_operands.py): the driver, the
+container toolkit, the device plugin, GFD, the DCGM exporter and the validator's CUDA sample.
 
 What it shows: the real operator, fed gpuboot's ClusterPolicy, deploys exactly the operands that
-policy turns on, on the GPU node only, from exactly the images gpuboot's mirror plan holds; and
-gpuboot does not count the phase done while those operands wait, naming each pod with the init
-container it waits in. The operands wait because the lab has no driver or toolkit double yet
-that the real validator accepts; what each one printed is kept in the test's tmp directory."""
+policy turns on, on the GPU node only, from exactly the images gpuboot's mirror plan holds; the
+real validator passes the driver, toolkit, CUDA and device-plugin validations through the
+doubles; the operator says Ready with reason Reconciled and gpuboot's phase is done; the GPUs
+are allocatable from the kubelet and GFD's labels reach the node through the real NFD. What each
+pod printed is kept in the test's tmp directory."""
 from __future__ import annotations
 
 import io
@@ -29,15 +31,12 @@ from gpuboot.mirror.bundle import Bundle
 from gpuboot.mirror.plan import PlannedChart
 from gpuboot.mirror.pull import chart_artifact
 from gpuboot.mirror.refs import parse_image
-from gpuboot_lab import operators
 from gpuboot_lab.cluster import LabSpec
 from tests.integration.conftest import ssh
 from tests.integration.test_double_schemas_vs_real_charts import source_tree
-from tests.support import go_doubles
-from tests.support.addon_doubles import NVIDIA_SMI, VECTOR_ADD, add_to_bundle, toolkit_image
+from tests.support import gpu_operands
+from tests.support.addon_doubles import add_to_bundle
 from tests.support.addon_lab import addon_lab
-from tests.support.mirror_fixture import IMAGE_CACHE
-from tests.support.oci_layout import busybox_binaries
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -79,16 +78,14 @@ OPERAND_DAEMONSETS = {
 VALIDATOR = "nvidia-operator-validator"
 # Planned for gpuboot itself, not for the operator: validate's nvidia-smi Job.
 GPUBOOT_OWN = ("smokeTest",)
+# The GPU node's double hardware: two L40S (no MIG: the MIG manager has no double yet).
+GPUS = 2
+DOUBLE_GPUS = gpu_operands.double_gpus("NVIDIA L40S", GPUS, family="ada-lovelace", mig_capable=False, memory_mib=46068)
 
 
 def images_of(workloads: list[dict]) -> set[str]:
     return {c["image"] for w in workloads for key in ("containers", "initContainers")
             for c in w["spec"]["template"]["spec"].get(key, [])}
-
-
-def running_init_container(pod: dict) -> str | None:
-    return next((s["name"] for s in pod["status"].get("initContainerStatuses", [])
-                 if not s["ready"] and "running" in s["state"]), None)
 
 
 def keep(out: Path, kubectl: list[str]) -> None:
@@ -109,15 +106,14 @@ def keep(out: Path, kubectl: list[str]) -> None:
         (out / f"log-{pod.split('/')[-1]}.txt").write_text(done.stdout + done.stderr)
 
 
-def test_the_real_gpu_operator_deploys_the_planned_operands_and_gpuboot_names_where_each_waits(
-        lab_required, tmp_path, monkeypatch, capsys):
+def test_the_real_gpu_operator_reconciles_the_lab_s_gpu_node_to_ready(lab_required, tmp_path, monkeypatch, capsys):
     release = matrix.load(SPEC.release)
     out = tmp_path / "seen"
     out.mkdir()
     with addon_lab(tmp_path, monkeypatch, capsys, SPEC) as node_lab:
         data = node_lab.settings()
-        # Long enough for the operator to schedule and start every operand (about 2 min here).
-        data["all"]["vars"]["gpu_operator_ready_timeout"] = 210
+        # The DCGM exporter's probes wait 45 s; the validator's workloads run one after another.
+        data["all"]["vars"]["gpu_operator_ready_timeout"] = 420
         # A lab node has no NVIDIA kernel module, so no device majors in /proc/devices for the
         # validator's /dev/char links: NVIDIA's documented switch for such hosts.
         data["all"]["vars"]["gpuboot"]["gpu_operator"] = {"dev_char_symlinks": False}
@@ -125,9 +121,9 @@ def test_the_real_gpu_operator_deploys_the_planned_operands_and_gpuboot_names_wh
         host_vars = node_lab.inventory.parent / "host_vars"
         host_vars.mkdir(exist_ok=True)
         (host_vars / f"{GPU_NODE}.yml").write_text(yaml.safe_dump({"gpuboot_node": {
-            "os": "debian-12", "gpu": {"model": "H100-SXM5-80GB", "count": 2, "driver": "preinstalled"}}}))
-        # Doubles first (every planned image and the chart), then the real chart and the real
-        # controllers over them.
+            "os": "debian-12", "gpu": {"model": "L40S-48GB", "count": GPUS, "driver": "preinstalled"}}}))
+        # Doubles first (every planned image and the chart), then the real chart and the
+        # images built from source, with the hardware's doubles, over them.
         add_to_bundle(node_lab.bundle, node_lab.inventory, node_lab.helm)
         bundle = Bundle(node_lab.bundle)
         name, artifacts = bundle.read_manifest()
@@ -136,21 +132,15 @@ def test_the_real_gpu_operator_deploys_the_planned_operands_and_gpuboot_names_wh
             version, archive = real_chart(node_lab.helm, release, Path(tmp))
         chart = chart_artifact(bundle, PlannedChart("gpu_operator", planned_chart.ref.split("(")[-1].rstrip(")"),
                                                     "gpu-operator", version), archive)
-        real = [chart, *operators.images(bundle, release, specs=tuple(
-            s for s in operators.OPERATORS if s.component == "gpu_operator"),
-            stand_ins={"operator": [("usr/bin/vectorAdd", VECTOR_ADD, 0o755)]})]
-        # The container toolkit: the double of its NRI plugin mode, in place of the busybox one.
-        real.append(toolkit_image(bundle, release.images["gpu_operator"]["toolkit"],
-                                  busybox_binaries(IMAGE_CACHE)["amd64"],
-                                  go_doubles.build("gpu_operator/toolkit", "nvidia-toolkit").read_bytes()))
+        real = [chart, *gpu_operands.images(bundle, release)]
         replaced = {a.ref for a in real}
         bundle.write_manifest(name, [a for a in artifacts if a.ref not in replaced] + real)
         node_lab.start_mirror()
         ssh(node_lab.info(), GPU_NODE, f"mkdir -p {Path(FEATURES).parent} && printf '{DOUBLE_FEATURES}' > {FEATURES}")
-        # The preinstalled driver is hardware: the node gets nvidia-smi's double, which the real
-        # validator runs through chroot /host.
-        ssh(node_lab.info(), GPU_NODE, "cat > /usr/bin/nvidia-smi && chmod 0755 /usr/bin/nvidia-smi",
-            stdin=NVIDIA_SMI)
+        # The preinstalled driver is hardware: its double, which the real validator runs through chroot /host.
+        for path, content, mode in gpu_operands.driver_files(DOUBLE_GPUS):
+            ssh(node_lab.info(), GPU_NODE, f"mkdir -p {Path(path).parent} && cat > {path} && chmod {mode:o} {path}",
+                stdin=content)
         cluster = load_cluster(node_lab.inventory)
         plan = mirror_plan.build(release, mirror_plan.Target.of(cluster, release)).only({"gpu_operator"})
 
@@ -161,17 +151,22 @@ def test_the_real_gpu_operator_deploys_the_planned_operands_and_gpuboot_names_wh
         kubectl = [str(node_lab.kubectl), "--kubeconfig", str(node_lab.kubeconfig), "--request-timeout=20s"]
         keep(out, kubectl)
 
-        def get(*args: str) -> list[dict]:
-            done = subprocess.run([*kubectl, "-n", "gpu-operator", "get", *args, "-o", "json"], capture_output=True,
+        def get(*args: str, namespace: tuple[str, ...] = ("-n", "gpu-operator")) -> list[dict]:
+            done = subprocess.run([*kubectl, *namespace, "get", *args, "-o", "json"], capture_output=True,
                                   text=True, timeout=60)
             assert done.returncode == 0, done.stderr
-            return json.loads(done.stdout)["items"]
+            found = json.loads(done.stdout)
+            return found.get("items", [found])
 
-        policy = get("clusterpolicies.nvidia.com")[0]["spec"]
+        seen = f"(what the cluster showed: {out})"
+        assert code == 0, (told[-4000:], seen)
+        cluster_policy = get("clusterpolicies.nvidia.com")[0]
+        policy = cluster_policy["spec"]
+        ready = next(c for c in cluster_policy["status"]["conditions"] if c["type"] == "Ready")
+        assert (cluster_policy["status"]["state"], ready["reason"]) == ("ready", "Reconciled"), seen
         workloads = get("daemonsets,deployments,jobs")
         pods = get("pods")
         daemonsets = {w["metadata"]["name"] for w in workloads if w["kind"] == "DaemonSet"}
-        seen = f"(what the cluster showed: {out})"
 
         # The operands gpuboot's ClusterPolicy turns on, and no others of those it can turn off.
         wanted = {ds for key, ds in OPERAND_DAEMONSETS.items() if policy[key]["enabled"]} | {VALIDATOR}
@@ -180,9 +175,7 @@ def test_the_real_gpu_operator_deploys_the_planned_operands_and_gpuboot_names_wh
         # Every operand pod on the GPU node and nowhere else (NFD's worker runs on every node).
         operand_pods = [p for p in pods if any(r["kind"] == "DaemonSet" and r["name"] in wanted
                                                for r in p["metadata"].get("ownerReferences", []))]
-        scheduled = {r["name"] for p in operand_pods for r in p["metadata"]["ownerReferences"]}
-        # The MIG manager waits for GFD's nvidia.com/mig.capable label, which no double sets yet.
-        assert scheduled == wanted - {OPERAND_DAEMONSETS["migManager"]}, seen
+        assert {r["name"] for p in operand_pods for r in p["metadata"]["ownerReferences"]} == wanted, seen
         assert {p["spec"].get("nodeName") for p in operand_pods} == {GPU_NODE}, seen
 
         # What the operator deployed is what gpuboot's mirror plan holds for it: one image too
@@ -192,13 +185,13 @@ def test_the_real_gpu_operator_deploys_the_planned_operands_and_gpuboot_names_wh
         planned = {str(image.ref) for image in plan.images} - own
         assert deployed == planned, (sorted(deployed - planned), sorted(planned - deployed), seen)
 
-        # The operands wait for validations no double in the lab passes yet: gpuboot does not
-        # count the phase done, and names each pod, on its node, with the init container it is in.
-        assert code != 0, told[-3000:]
-        assert "ClusterPolicy is notReady" in told, told[-3000:]
-        for pod in operand_pods:
-            named = f"- {GPU_NODE}: {pod['metadata']['name']} "
-            assert named in told, (named, told[-3000:])
-            inside = running_init_container(pod)
-            if inside:
-                assert f"{named}Init still in init container {inside}" in told, (inside, told[-3000:])
+        # The GPUs come from the kubelet (the device plugin double registered them), and GFD's
+        # labels reached the node through its NodeFeature and the real NFD master.
+        node = get("node", GPU_NODE, namespace=())[0]
+        assert node["status"]["allocatable"].get("nvidia.com/gpu") == str(GPUS), seen
+        labels = node["metadata"]["labels"]
+        assert labels.get("nvidia.com/gpu.product") == "NVIDIA-L40S", seen
+        assert (labels.get("nvidia.com/gpu.count"), labels.get("nvidia.com/mig.capable")) == (str(GPUS), "false"), seen
+        # The validator wrote every validation it makes, on the node.
+        written = ssh(node_lab.info(), GPU_NODE, "ls /run/nvidia/validations").stdout.split()
+        assert {"driver-ready", "toolkit-ready", "cuda-ready", "plugin-ready"} <= set(written), (written, seen)

@@ -69,13 +69,6 @@ def double_image(bundle: Bundle, ref: str, busybox: bytes) -> Artifact:
     return image_artifact(bundle, ref, "usr/bin/nvidia-smi", NVIDIA_SMI, entrypoint, base)
 
 
-def toolkit_image(bundle: Bundle, ref: str, busybox: bytes, toolkit: bytes) -> Artifact:
-    """The container toolkit's image: the Go double (tests/doubles/gpu_operator/toolkit) as the
-    `nvidia-toolkit` the operator's entrypoint runs, over a shell for that entrypoint."""
-    base = layer_tar([("bin/busybox", busybox, 0o755), ("bin/sh", busybox, 0o755)])
-    return image_artifact(bundle, ref, "usr/bin/nvidia-toolkit", toolkit, ["/usr/bin/nvidia-toolkit"], base)
-
-
 def package_chart(helm: Path, name: str, version: str, out: Path) -> bytes:
     """The double chart `name` packaged by helm at `version` (the matrix's), its values schema
     as the real chart at that version has it (tests/support/chart_versions.py)."""

@@ -113,7 +113,7 @@ OPERATORS = (
         "gpu_operator", "devicePlugin", "tree:NVIDIA/k8s-device-plugin",
         binaries=(("config-manager", "cmd/config-manager"),),
         variables=(("github.com/NVIDIA/k8s-device-plugin/internal/info.version", "{version}"),),
-        archive_excludes=("tests",)),
+        entrypoint=("/usr/bin/nvidia-device-plugin",), archive_excludes=("tests",)),
     OperatorImage(
         "network_operator", "operator", "tree:Mellanox/network-operator",
         binaries=(("manager", "."), ("keep-ncp", "cmd/keep-ncp"), ("apply-crds", "cmd/apply-crds")),

@@ -81,6 +81,8 @@ func hostWithSMI(t *testing.T, mode os.FileMode) string {
 	if err := os.WriteFile(filepath.Join(root, "usr/bin/nvidia-smi"), []byte("#!/bin/sh\n"), mode); err != nil {
 		t.Fatal(err)
 	}
+	os.MkdirAll(filepath.Join(root, "run/gpuboot-double"), 0o755)
+	os.WriteFile(filepath.Join(root, "run/gpuboot-double/gpus.json"), []byte(`{"gpus": []}`), 0o644)
 	return root
 }
 
@@ -103,10 +105,11 @@ func TestTheManagementSpecMountsTheHostsDriverFromItsRoot(t *testing.T) {
 	if written.Kind != "management.nvidia.com/gpu" || len(written.Devices) != 1 || written.Devices[0].Name != "all" {
 		t.Fatalf("%s", data)
 	}
-	mount := written.Devices[0].ContainerEdits.Mounts[0]
+	mounts := written.Devices[0].ContainerEdits.Mounts
 	// The host's path (the driver root on the host), not the path this container sees it at.
-	if mount.HostPath != "/usr/bin/nvidia-smi" || mount.ContainerPath != "/usr/bin/nvidia-smi" {
-		t.Fatalf("%+v", mount)
+	if len(mounts) != 2 || mounts[0].HostPath != "/usr/bin/nvidia-smi" || mounts[0].ContainerPath != "/usr/bin/nvidia-smi" ||
+		mounts[1].ContainerPath != "/run/gpuboot-double/gpus.json" {
+		t.Fatalf("%+v", mounts)
 	}
 }
 

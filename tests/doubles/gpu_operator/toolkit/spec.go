@@ -11,28 +11,32 @@ import (
 )
 
 // The driver's files a management container gets. On a real node these are the driver's
-// libraries, binaries and device nodes, found through NVML; a lab node has no GPU, only the
-// nvidia-smi double of its "preinstalled driver", so that is all there is to give.
-var driverBinaries = []string{"usr/bin/nvidia-smi"}
+// libraries (NVML among them), binaries and device nodes; a lab node's "preinstalled driver"
+// is its nvidia-smi double and the file that stands for what NVML reports (the double GPUs the
+// operand doubles read), so those are what there is to give.
+var driverFiles = []struct {
+	path       string
+	executable bool
+}{{"usr/bin/nvidia-smi", true}, {"run/gpuboot-double/gpus.json", false}}
 
 // managementSpec is the CDI spec the real toolkit writes for management containers (the
 // operator's validators and operands): one device, "all", with the driver's files mounted
 // from the driver root on the host.
 func managementSpec(cfg Config) (*cdispec.Spec, error) {
 	var mounts []*cdispec.Mount
-	for _, binary := range driverBinaries {
-		seen := filepath.Join(cfg.DriverRootCtrPath, binary)
+	for _, file := range driverFiles {
+		seen := filepath.Join(cfg.DriverRootCtrPath, file.path)
 		info, err := os.Stat(seen)
 		if err != nil {
 			return nil, fmt.Errorf("no driver at the driver root: %w (the validator said the driver is ready "+
 				"at NVIDIA_DRIVER_ROOT=%s)", err, cfg.DriverRoot)
 		}
-		if !info.Mode().IsRegular() || info.Mode().Perm()&0o111 == 0 {
-			return nil, fmt.Errorf("%s is not an executable file", seen)
+		if !info.Mode().IsRegular() || (file.executable && info.Mode().Perm()&0o111 == 0) {
+			return nil, fmt.Errorf("%s is not a file the driver's would be", seen)
 		}
 		mounts = append(mounts, &cdispec.Mount{
-			HostPath:      filepath.Join(cfg.DriverRoot, binary),
-			ContainerPath: "/" + binary,
+			HostPath:      filepath.Join(cfg.DriverRoot, file.path),
+			ContainerPath: "/" + file.path,
 			Options:       []string{"ro", "nosuid", "nodev", "rbind", "rprivate"},
 		})
 	}

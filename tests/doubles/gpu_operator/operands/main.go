@@ -1,5 +1,10 @@
-// TEST DOUBLE of NVIDIA's k8s-device-plugin (nvcr.io/nvidia/k8s-device-plugin), for lab nodes
-// that have no GPU: it registers with the real kubelet through the device-plugin API
+// TEST DOUBLES of the GPU Operator's operands that read the GPUs through NVML, for lab nodes that
+// have no GPU: one binary that, as busybox does, is the operand it is run as (the name the
+// image gives it): nvidia-device-plugin, gpu-feature-discovery (gfd.go) or dcgm-exporter
+// (dcgm.go). Each reads the node's double GPUs from the file the lab's driver double writes,
+// as the real one reads NVML through the driver.
+//
+// The device plugin (nvcr.io/nvidia/k8s-device-plugin's nvidia-device-plugin): it registers with the real kubelet through the device-plugin API
 // (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1), one endpoint per resource as the real plugin
 // does, and advertises the node's double GPUs, MIG devices and time-sliced replicas for its
 // config, so that a node's allocatable comes from the kubelet. It registers again whenever
@@ -8,8 +13,8 @@
 // strategies CDI devices (annotations and the CRI's field) from the CDI spec it writes, with
 // the driver root the validator found.
 //
-// It is never part of gpuboot: the lab builds it into the image the GPU Operator deploys as
-// its device plugin.
+// It is never part of gpuboot: the lab builds it into the images the GPU Operator deploys for
+// these operands.
 package main
 
 import (
@@ -32,6 +37,17 @@ import (
 )
 
 func main() {
+	switch filepath.Base(os.Args[0]) {
+	case "gpu-feature-discovery":
+		gfdMain()
+	case "dcgm-exporter":
+		dcgmMain()
+	default:
+		devicePluginMain()
+	}
+}
+
+func devicePluginMain() {
 	configFile := flag.String("config-file", os.Getenv("CONFIG_FILE"), "the plugin's config (as the real plugin's --config-file)")
 	hardwareFile := flag.String("hardware", hardwarePath(os.Getenv),
 		"the node's double GPUs, as NVML would report them (default: under the driver root)")

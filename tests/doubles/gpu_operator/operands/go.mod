@@ -1,5 +1,5 @@
-// TEST DOUBLE of NVIDIA's k8s-device-plugin (built by the lab, never part of gpuboot).
-module gpuboot.local/doubles/device-plugin
+// TEST DOUBLES of the GPU Operator's operands that read GPUs through NVML (built by the lab, never part of gpuboot).
+module gpuboot.local/doubles/gpu-operands
 
 go 1.26.0
 

@@ -22,6 +22,11 @@ type GPU struct {
 	MIG     []MIGDevice `json:"mig,omitempty"` // MIG enabled with these instances
 	// MIG mode on with no instance yet (the MIG manager has not applied a layout).
 	MIGEnabled bool `json:"migEnabled,omitempty"`
+	// What NVML says of the model beyond its name (GFD's labels): MIG support, the
+	// architecture's family (hopper, ampere, ada-lovelace) and the memory in MiB.
+	MIGCapable bool   `json:"migCapable,omitempty"`
+	Family     string `json:"family,omitempty"`
+	MemoryMiB  int    `json:"memoryMiB,omitempty"`
 }
 
 type MIGDevice struct {
