@@ -154,7 +154,9 @@ func publishNodeFeature(k *kube, settings gfdSettings, labels map[string]string)
 		metadata["ownerReferences"] = owners
 	}
 	object := map[string]any{"apiVersion": "nfd.k8s-sigs.io/v1alpha1", "kind": "NodeFeature", "metadata": metadata,
-		"spec": map[string]any{"labels": labels}}
+		// The CRD requires spec.features; GFD publishes labels only, so its feature sets are empty.
+		"spec": map[string]any{"labels": labels, "features": map[string]any{
+			"flags": map[string]any{}, "attributes": map[string]any{}, "instances": map[string]any{}}}}
 	if status == 404 {
 		_, err = k.do("POST", fmt.Sprintf("%s/namespaces/%s/nodefeatures", nodeFeatureAPI, settings.namespace), object, nil)
 		return err

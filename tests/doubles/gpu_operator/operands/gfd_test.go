@@ -107,6 +107,12 @@ func TestTheNodeFeatureIsCreatedForTheNodeAndOwnedByGFDsDaemonSet(t *testing.T) 
 			io.WriteString(w, `{"metadata":{"ownerReferences":[{"apiVersion":"apps/v1","kind":"DaemonSet","name":"gpu-feature-discovery","uid":"u1"}]}}`)
 		case r.Method == "POST" && r.URL.Path == "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/gpu-operator/nodefeatures":
 			json.NewDecoder(r.Body).Decode(&created)
+			// As NodeFeature's CRD: spec.features and spec.labels are required.
+			spec, _ := created["spec"].(map[string]any)
+			if _, ok := spec["features"].(map[string]any); !ok || spec["labels"] == nil {
+				w.WriteHeader(http.StatusUnprocessableEntity)
+				return
+			}
 			w.WriteHeader(http.StatusCreated)
 			io.WriteString(w, "{}")
 		default:
