@@ -3,7 +3,8 @@
 // plugin. Run as the toolkit DaemonSet's `nvidia-toolkit`, after its entrypoint has waited for
 // the validator's driver-ready file and sourced it, it does what the real one does there:
 //   - writes the CDI spec for management containers (management.nvidia.com/gpu=all) under
-//     /var/run/cdi, from the driver root the validator found (a lab node's nvidia-smi double);
+//     /var/run/cdi, from the driver root the validator found (a lab node's nvidia-smi double and
+//     the file that stands for what NVML reports);
 //   - registers with containerd's NRI socket and gives each container the CDI devices its pod
 //     is annotated with (nvidia.cdi.k8s.io/container.<name>), management devices only to the
 //     allowed namespaces; containerd resolves them from the spec;
