@@ -27,6 +27,21 @@ ROOT = Path(__file__).resolve().parents[2]
 DOUBLES = ROOT / "tests" / "doubles" / "charts"
 SOURCES = Path(os.environ.get("GPUBOOT_UPSTREAM_SOURCES", "/work/.mirror"))
 TEMPLATE_REF = re.compile(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+# A value a template renders whole (`toYaml .Values.x`, `.Values.x | toYaml`): the chart takes
+# any key under it, and the API server judges them where they land (the real CRDs, in
+# test_addon_objects_dry_run.py).
+WHOLE_REF = re.compile(r"toYaml\s+\(?\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)\s*\)?(?![.\w])"
+                       r"|\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)\s*\|\s*toYaml")
+
+
+def template_refs(text: str, prefix: tuple[str, ...] = ()) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
+    """(every values path a template names, with its parents; the paths it renders whole)."""
+    named: set[tuple[str, ...]] = set()
+    for ref in TEMPLATE_REF.findall(text):
+        parts = (*prefix, *ref.lstrip(".").split("."))
+        named |= {parts[:i] for i in range(1, len(parts) + 1)}
+    whole = {(*prefix, *(a or b).lstrip(".").split(".")) for a, b in WHOLE_REF.findall(text)}
+    return named, whole
 
 
 @dataclass(frozen=True)
@@ -155,9 +170,12 @@ class RealChart:
                 open_maps.add((name,))  # the subchart is not in the tree: nothing to hold its keys against
                 continue
             more, more_open = value_paths(sub, (name,))
-            paths |= more | {(name,)} | self._template_refs(f"{self.chart_dir}/charts/{dep['name']}/templates", (name,))
-            open_maps |= more_open
-        paths |= self._template_refs(f"{self.chart_dir}/templates", ())
+            named, whole = self._template_refs(f"{self.chart_dir}/charts/{dep['name']}/templates", (name,))
+            paths |= more | {(name,)} | named
+            open_maps |= more_open | whole
+        named, whole = self._template_refs(f"{self.chart_dir}/templates", ())
+        paths |= named
+        open_maps |= whole
         for key, crd_name in self.upstream.passthrough:
             found = real_crd(self.git_dir, self.tag, crd_name, self.chart_dir)
             assert found, f"{self.tag}: no CRD {crd_name} in the tree"
@@ -168,13 +186,13 @@ class RealChart:
             open_maps.discard((key,))  # its keys are the CRD's, not any
         return paths, open_maps
 
-    def _template_refs(self, under: str, prefix: tuple[str, ...]) -> set[tuple[str, ...]]:
-        found: set[tuple[str, ...]] = set()
+    def _template_refs(self, under: str, prefix: tuple[str, ...]) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
+        named: set[tuple[str, ...]] = set()
+        whole: set[tuple[str, ...]] = set()
         for path in self._files(under):
-            for ref in TEMPLATE_REF.findall(self._show(path) or ""):
-                parts = (*prefix, *ref.lstrip(".").split("."))
-                found |= {parts[:i] for i in range(1, len(parts) + 1)}
-        return found
+            more, more_whole = template_refs(self._show(path) or "", prefix)
+            named, whole = named | more, whole | more_whole
+        return named, whole
 
 
 def storage_schema(crd: dict) -> dict:
@@ -304,3 +322,12 @@ def test_a_key_the_real_chart_lacks_is_caught(tmp_path):
     assert accepted(("installation", "nodeMetricsPort", "anything"), paths, open_maps)
     assert not accepted(("installation", "calicoNetwork", "ipPool"), paths, open_maps)
     assert not accepted(("installation", "calicoNetwork", "ipPools", "[]", "cidrs"), paths, open_maps)
+    # A value a template renders whole takes any key (seen: the GPU Operator's chart passes
+    # validator.driver.env into the ClusterPolicy, though its values.yaml never names it).
+    named, whole = template_refs("{{- if .Values.validator.driver.env }}\n"
+                                 "env: {{ toYaml .Values.validator.driver.env | nindent 8 }}\n"
+                                 "image: {{ .Values.validator.image }}\nx: {{ .Values.daemonsets.labels | toYaml }}")
+    assert whole == {("validator", "driver", "env"), ("daemonsets", "labels")}
+    assert ("validator", "image") in named and ("validator",) in named
+    assert accepted(("validator", "driver", "env", "[]", "name"), named, whole)
+    assert not accepted(("validator", "imag"), named, whole)
