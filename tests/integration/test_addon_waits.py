@@ -121,6 +121,49 @@ def test_gpu_operator_wait_passes_when_ready_and_names_the_state_otherwise(api, 
     ok = wait(api, tmp_path, "gpu_operator", variables)
     assert ok.returncode == 0, ok.stdout[-3000:]
 
+    # The operator says ready Reconciled on its first pass, over DaemonSets it has just created
+    # and whose status the DaemonSet controller has not yet written (seen with v26.7.0 in the lab
+    # under load): a DaemonSet not yet counted wants 0 pods, which the operator takes as ready. gpuboot waits
+    # for the controller's status of each one the ClusterPolicy owns, with every pod ready.
+    policy = api.kubectl("get", "clusterpolicies.nvidia.com", "cluster-policy", "-o", "json").stdout
+    policy_uid = json.loads(policy)["metadata"]["uid"]
+    owner = [{"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "cluster-policy", "uid": policy_uid}]
+
+    def daemonset(name: str, owners: list) -> None:
+        api.kubectl("apply", "-f", "-", stdin=json.dumps({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": "gpu-operator", "ownerReferences": owners},
+            "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
+                "metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}}))
+
+    daemonset("nvidia-device-plugin-daemonset", owner)
+    # A DaemonSet the chart made (NFD's worker), not the ClusterPolicy: not an operand of this wait.
+    daemonset("gpu-operator-node-feature-discovery-worker", [])
+    fresh = wait(api, tmp_path, "gpu_operator", variables)
+    said = " ".join(fresh.stdout.split())
+    assert fresh.returncode != 0 and "ClusterPolicy is ready Reconciled after 5 s" in said, fresh.stdout[-3000:]
+    assert "- nvidia-device-plugin-daemonset: 0 wanted, ? updated, 0 ready; generation none/1" in said, \
+        fresh.stdout[-3000:]
+    assert "node-feature-discovery-worker" not in said.split("Operand DaemonSets not settled")[1]
+
+    def ds_status(observed: int, wanted: int, updated: int, ready_: int) -> None:
+        api.kubectl("patch", "daemonset", "nvidia-device-plugin-daemonset", "-n", "gpu-operator", "--subresource=status",
+                    "--type=merge", "-p", json.dumps({"status": {
+                        "observedGeneration": observed, "desiredNumberScheduled": wanted, "currentNumberScheduled": wanted,
+                        "numberMisscheduled": 0, "updatedNumberScheduled": updated, "numberReady": ready_}}))
+
+    ds_status(1, 2, 2, 1)
+    one_short = wait(api, tmp_path, "gpu_operator", variables)
+    said = " ".join(one_short.stdout.split())
+    assert one_short.returncode != 0 and "- nvidia-device-plugin-daemonset: 2 wanted, 2 updated, 1 ready; generation 1/1" \
+        in said, one_short.stdout[-3000:]
+    ds_status(1, 2, 2, 2)
+    settled = wait(api, tmp_path, "gpu_operator", variables)
+    assert settled.returncode == 0, settled.stdout[-3000:]
+    # A DaemonSet whose only node is not a GPU node (the MPS daemon's selector) wants no pods: settled.
+    ds_status(1, 0, 0, 0)
+    assert wait(api, tmp_path, "gpu_operator", variables).returncode == 0
+
 
 def test_network_operator_wait_needs_the_policy_ready_and_every_fabric_node_s_vfs(api, tmp_path):
     crds = CRDS / "network-operator" / "crds"
