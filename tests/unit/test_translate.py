@@ -125,3 +125,17 @@ def test_a_step_past_its_timeout_says_where_it_hung_and_that_a_rerun_is_safe():
     assert "run gpuboot up again" in event.message
     # A failure that is not a timeout gets no such advice.
     assert "did not finish" not in translate(ev("runner_on_failed", host="w1", task="t", res={"msg": "boom"})).message
+
+
+def test_a_package_try_stopped_after_its_time_says_so_with_its_tries():
+    # ansible-core's result for an `async` try its wrapper killed, after the last of the task's retries.
+    res = {"msg": "Timeout exceeded", "failed": True, "finished": True, "child_pid": 4242, "attempts": 3}
+    event = translate(ev("runner_on_failed", host="cp2", task="Container runtime | install containerd", res=res))
+    assert event.message.startswith("Timeout exceeded")
+    assert "did not finish on cp2 in its time on any of its 3 tries" in event.message
+    assert "dpkg --configure -a" in event.message
+    # The control machine's own give-up on a try that still ran reads the same.
+    res = {"msg": "async task produced unparsable results", "failed": True,
+           "async_result": {"started": True, "finished": False}}
+    assert "did not finish on cp2 in its time" in translate(
+        ev("runner_on_failed", host="cp2", task="t", res=res)).message

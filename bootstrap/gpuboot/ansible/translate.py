@@ -87,12 +87,25 @@ def _no_space_fix(host: str, message: str) -> str:
             f"/tmp shows which is full. Free space there, then run gpuboot up again.")
 
 
+def _try_timed_out(res: dict) -> bool:
+    """A try run under `async` that passed its time: Ansible's wrapper stopped it (and what it
+    started), or the control machine stopped waiting for it while it still ran."""
+    waited = res.get("async_result")
+    return str(res.get("msg", "")).startswith("Timeout exceeded") or (
+        isinstance(waited, dict) and not waited.get("finished", True))
+
+
 def _timed_out_fix(host: str, res: Any) -> str:
-    """A task given a `timeout` that ran past it: what hung is on the host, and the phase is safe to run again."""
-    if not isinstance(res, dict) or not isinstance(res.get("timedout"), dict):
+    """A step that ran past its time: what hung is on the host, and the phase is safe to run again."""
+    if not isinstance(res, dict):
         return ""
-    period = res["timedout"].get("period", "its")
-    return (f"\nfix: the step did not finish on {host} in {period} s and was stopped. On {host}, see what it "
+    if isinstance(res.get("timedout"), dict):
+        bound = f"in {res['timedout'].get('period', 'its')} s"
+    elif _try_timed_out(res):
+        bound = f"in its time on any of its {res['attempts']} tries" if res.get("attempts") else "in its time"
+    else:
+        return ""
+    return (f"\nfix: the step did not finish on {host} {bound} and was stopped. On {host}, see what it "
             f"was waiting on: ps -ef --forest (a stuck apt, dpkg or dnf and its helpers), journalctl -n 50, and "
             f"whether its package source answers. Stop what is stuck (a package manager left mid-run: dpkg "
             f"--configure -a), then run gpuboot up again: the phase runs again from its start.")
