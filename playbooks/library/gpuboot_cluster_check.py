@@ -76,7 +76,10 @@ def check_resources(nodes, gpu_nodes):
             rows.append(row(name, "allocatable", _fmt(want.get("resources") or {}), "no such node", False,
                             "the node is not in the cluster"))
             continue
-        got = {k: int(v) for k, v in node["status"].get("allocatable", {}).items() if _gpu_resource(k)}
+        # A resource at 0 is kubelet's memory of what a device plugin no longer serves (nvidia.com/gpu
+        # once the MIG manager cut the node's GPUs into MIG devices): not advertised.
+        got = {k: int(v) for k, v in node["status"].get("allocatable", {}).items()
+               if _gpu_resource(k) and int(v) > 0}
         wanted = want.get("resources")
         found, per_gpu = want.get("found_gpus"), want.get("per_gpu")
         if wanted is None and found is not None and per_gpu:

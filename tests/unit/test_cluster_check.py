@@ -29,6 +29,17 @@ def test_resources_must_equal_what_the_inventory_implies():
     assert not by["gpu4"]["ok"] and by["gpu4"]["got"] == "no such node"
 
 
+def test_a_resource_kubelet_keeps_at_zero_is_not_advertised():
+    # After the MIG manager cut the GPUs, kubelet keeps nvidia.com/gpu at 0 beside the MIG devices.
+    nodes = {"h100": node("h100", {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "14"}),
+             "gone": node("gone", {"nvidia.com/gpu": "0"})}
+    rows = check.check_resources(nodes, {"h100": {"resources": {"nvidia.com/mig-1g.10gb": 14}},
+                                         "gone": {"resources": {"nvidia.com/gpu": 8}}})
+    by = {r["node"]: r for r in rows}
+    assert by["h100"]["ok"] and by["h100"]["got"] == "nvidia.com/mig-1g.10gb=14"
+    assert not by["gone"]["ok"] and by["gone"]["got"] == "none"
+
+
 def test_an_undeclared_count_is_the_count_discovery_found_times_what_each_gpu_yields():
     nodes = {"l40s": node("l40s", {"nvidia.com/gpu": "8"}), "short": node("short", {"nvidia.com/gpu": "4"}),
              "mig": node("mig", {"nvidia.com/mig-1g.10gb": "7"})}
