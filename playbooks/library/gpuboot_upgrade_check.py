@@ -29,6 +29,10 @@ options:
   node: {type: str, default: ""}
   timeout: {type: int, default: 300, description: Seconds the node gate may wait for the node to pass.}
   settle: {type: int, default: 15, description: Seconds the node gate must hold without a problem before it passes.}
+  reach:
+    type: int
+    default: 60
+    description: Seconds stage=before asks the API again before it reports the API unreachable (it may be restarting).
 """
 
 import json
@@ -181,10 +185,25 @@ def _etcd(kube, control_planes):
     return members, health, ""
 
 
+def reach(kube, patience, pause=3.0):
+    """The cluster's nodes through the control-plane endpoint, asked again for up to `patience`
+    seconds: an API server restarting or the endpoint moving its backend (right after control
+    planes were upgraded, or on a loaded machine) is not an API that cannot be reached. Returns
+    (nodes, None), or (None, kubectl's last words)."""
+    started = time.monotonic()
+    while True:
+        rc, out, err = kube.run("get", "nodes", "-o", "json")
+        if rc == 0:
+            return json.loads(out)["items"], None
+        if time.monotonic() - started + pause > patience:
+            return None, (err or out).strip()[-300:] or f"kubectl exit {rc}"
+        time.sleep(pause)
+
+
 def before(kube, p):
-    nodes = (kube.get("nodes") or {}).get("items")
+    nodes, said = reach(kube, p["reach"])
     if nodes is None:
-        return ["the API server does not answer through the control-plane endpoint"]
+        return [f"the API server does not answer through the control-plane endpoint (asked for {p['reach']} s): {said}"]
     pods = (kube.get("pods", "-n", "kube-system", "-l", "component=kube-apiserver") or {"items": []})["items"]
     problems = version_problems(nodes, pods, p["nodes"], p["from_version"], p["version"], p["resume"])
     members, health, said = _etcd(kube, p["control_planes"])
@@ -224,6 +243,7 @@ def main():
         "node": {"type": "str", "default": ""},
         "timeout": {"type": "int", "default": 300},
         "settle": {"type": "int", "default": 15},
+        "reach": {"type": "int", "default": 60},
     }, supports_check_mode=True)
     p = module.params
     kube = Kube(p["kubeconfig"])

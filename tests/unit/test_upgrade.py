@@ -133,6 +133,37 @@ def test_before_checks_versions_skew_and_an_upgrade_in_progress():
     assert check.version_problems([node("cp1", b), node("w1", b)], done, ["cp1", "w1"], a, b, True) == []
 
 
+class FlakyApi:
+    """A Kube whose `kubectl get nodes` fails `failures` times (an API server restarting) first."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.asked = failures, 0
+
+    def run(self, *args, **_):
+        self.asked += 1
+        if self.asked <= self.failures:
+            return 1, "", "Unable to connect to the server: net/http: TLS handshake timeout"
+        return 0, json.dumps({"items": [node("cp1", "v1.36.3")]}), ""
+
+
+def test_before_asks_the_api_again_before_it_calls_it_unreachable(monkeypatch):
+    clock = {"now": 0.0}
+    monkeypatch.setattr(check.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(check.time, "sleep", lambda s: clock.__setitem__("now", clock["now"] + s))
+    api = FlakyApi(failures=3)
+    nodes, said = check.reach(api, patience=60)
+    assert [n["metadata"]["name"] for n in nodes] == ["cp1"] and said is None and api.asked == 4
+    # Still down after its patience: unreachable, with kubectl's own words and how long it asked.
+    clock["now"] = 0.0
+    down = FlakyApi(failures=100)
+    nodes, said = check.reach(down, patience=60)
+    assert nodes is None and "TLS handshake timeout" in said
+    assert (clock["now"], down.asked) == (60.0, 21)  # every 3 s for its 60 s, no longer
+    problems = check.before(FlakyApi(failures=100), {"reach": 9})
+    assert problems == ["the API server does not answer through the control-plane endpoint (asked for 9 s): "
+                        "Unable to connect to the server: net/http: TLS handshake timeout"]
+
+
 def test_etcd_and_pdb_judgement():
     members = [{"name": "cp1"}, {"name": "cp2"}]
     assert "2 members (cp1, cp2) for 3 control planes" in check.etcd_problems(members, [], ["cp1", "cp2", "cp3"])[0]
