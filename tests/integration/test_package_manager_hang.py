@@ -25,7 +25,7 @@ pytestmark = pytest.mark.lab
 ROOT = Path(__file__).resolve().parents[2]
 HANG_METHOD = (ROOT / "tests" / "doubles" / "apt_method" / "hang").read_bytes()
 SOURCE = "deb [trusted=yes] hang:/srv/gpuboot-probe ./"
-TRY_S = 12
+TRY_S = 20  # a try of a loaded machine (two lanes of labs) reads this one-package source in a few seconds
 
 # One package in a flat repository on the node, served through the hanging method.
 PROBE_REPO = """set -e
