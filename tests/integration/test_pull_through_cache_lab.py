@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from ipaddress import ip_network
 
 import pytest
@@ -32,6 +33,7 @@ MIRROR = "mirror1"
 MIRROR_HOST = 190  # the subnet's hosts from .190: clear of the nodes and of the executors (.200)
 CACHED = "registry.k8s.io/lab/pause:3.10.2"
 NEVER_PULLED = "registry.k8s.io/lab/never-pulled:1"
+CACHE_ROOT = "/var/lib/gpuboot-mirror/cache"  # registry_mirror's default cache root
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,7 @@ def site(lab, tmp_path_factory):
                                   for name in matrix.load(data["all"]["vars"]["gpuboot"]["release"]).upstream_registries}}
 
         inventory = edit_inventory(lab["inventory"], work / "inventory.yml", connected)
-        yield {"inventory": inventory, "upstream": upstream, "mirror": address}
+        yield {"inventory": inventory, "upstream": upstream, "mirror": address, "container": container}
     finally:
         upstream.stop()
         subprocess.run(["podman", "rm", "-f", container], capture_output=True)
@@ -81,6 +83,23 @@ def fetch(lab, host: str, ref: str) -> subprocess.CompletedProcess[str]:
     """containerd's own resolver reading the hosts.toml files, as the CRI plugin does."""
     return ssh(lab, host, f"ctr -n cache-probe content fetch --hosts-dir /etc/containerd/certs.d "
                           f"--platform linux/amd64 {ref}")
+
+
+def wait_stored(container: str, upstream: str, digests: list[str], within_s: float = 180) -> None:
+    """Wait until the cache holds every blob on its own disk. distribution serves a first pull
+    from the remote and stores the blob in the background with a second fetch, so "the client
+    has it" comes before "the cache has it"; on a loaded machine, by seconds."""
+    blobs = f"{CACHE_ROOT}/{upstream}/docker/registry/v2/blobs/sha256"
+    paths = [f"{blobs}/{d.split(':', 1)[1][:2]}/{d.split(':', 1)[1]}/data" for d in digests]
+    deadline = time.monotonic() + within_s
+    while True:
+        missing = [p for p in paths
+                   if subprocess.run(["podman", "exec", container, "test", "-s", p]).returncode != 0]
+        if not missing:
+            return
+        assert time.monotonic() < deadline, (f"the cache did not store {len(missing)} of the "
+                                             f"{len(paths)} blobs it served within {within_s:.0f} s", missing)
+        time.sleep(2)
 
 
 def test_the_caches_run_the_nodes_ask_them_first_and_a_cached_image_outlives_its_upstream(lab, site, capsys):
@@ -96,6 +115,10 @@ def test_the_caches_run_the_nodes_ask_them_first_and_a_cached_image_outlives_its
     first, second = nodes[0], nodes[1]
     through = fetch(lab, first, CACHED)
     assert through.returncode == 0, through.stdout + through.stderr
+
+    fetched = ssh(lab, first, "ctr -n cache-probe content ls -q").stdout.split()
+    assert len(fetched) >= 3, fetched  # the index, the amd64 manifest, its config and layer
+    wait_stored(site["container"], CACHED.split("/", 1)[0], fetched)
 
     site["upstream"].stop()
     cached = fetch(lab, second, CACHED)
