@@ -15,8 +15,10 @@ import json
 import subprocess
 import time
 from ipaddress import ip_network
+from pathlib import Path
 
 import pytest
+import yaml
 
 from gpuboot import matrix
 from gpuboot.cli.main import run
@@ -33,7 +35,10 @@ MIRROR = "mirror1"
 MIRROR_HOST = 190  # the subnet's hosts from .190: clear of the nodes and of the executors (.200)
 CACHED = "registry.k8s.io/lab/pause:3.10.2"
 NEVER_PULLED = "registry.k8s.io/lab/never-pulled:1"
-CACHE_ROOT = "/var/lib/gpuboot-mirror/cache"  # registry_mirror's default cache root
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "registry_mirror"
+# Where the role keeps its caches, read from the role (its default root, its vars' cache root).
+CACHE_ROOT = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["registry_mirror_cache_root"].replace(
+    "{{ registry_mirror_root }}", yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["registry_mirror_root"])
 
 
 @pytest.fixture(scope="module")
