@@ -192,6 +192,22 @@ def test_the_real_gpu_operator_reconciles_the_lab_s_gpu_node_to_ready(lab_requir
         labels = node["metadata"]["labels"]
         assert labels.get("nvidia.com/gpu.product") == "NVIDIA-L40S", seen
         assert (labels.get("nvidia.com/gpu.count"), labels.get("nvidia.com/mig.capable")) == (str(GPUS), "false"), seen
+        # The preinstalled driver's label survived the operator's first pass over a node NFD had
+        # not yet labelled (it strips every gpu.deploy.* label there): gpuboot put it back.
+        assert labels.get("nvidia.com/gpu.deploy.driver") == "false", seen
+        # The chart's delete hooks never ran: NFD's prune Job would strip the NFD labels, the
+        # cleanup Jobs delete the operator's own custom resources.
+        jobs = {w["metadata"]["name"] for w in workloads if w["kind"] == "Job"}
+        assert not {job for job in jobs if job.endswith(("-prune", "-cleanup-crd", "-cleanup-gpucluster"))}, (jobs, seen)
         # The validator wrote every validation it makes, on the node.
         written = ssh(node_lab.info(), GPU_NODE, "ls /run/nvidia/validations").stdout.split()
         assert {"driver-ready", "toolkit-ready", "cuda-ready", "plugin-ready"} <= set(written), (written, seen)
+
+        # A second run changes nothing: the labels put back are gpuboot's for good, and no
+        # hook is applied again.
+        again = run(["up", str(node_lab.inventory), "--to", "gpu_operator", "--skip-mirror-check"])
+        said = capsys.readouterr()
+        (out / "up-again.txt").write_text(f"exit {again}\n{said.out}{said.err}")
+        assert again == 0, ((said.out + said.err)[-4000:], seen)
+        phases = json.loads((node_lab.kubeconfig.parent / "state.json").read_text())["phases"]
+        assert phases["gpu_operator"]["changed"] == 0, (phases["gpu_operator"], seen)
