@@ -32,7 +32,7 @@ def _label(obj: dict) -> str:
     return f"{kind} {namespace + '/' if namespace else ''}{name}"
 
 
-def _hooks(obj: dict) -> frozenset[str]:
+def hook_names(obj: dict) -> frozenset[str]:
     value = ((obj.get("metadata") or {}).get("annotations") or {}).get(HOOK)
     if value is None:
         return frozenset()
@@ -66,7 +66,7 @@ def chart_hook_split(objects: list) -> dict[str, list]:
     for obj in objects or []:
         if not isinstance(obj, dict):
             continue
-        hooks = _hooks(obj)
+        hooks = hook_names(obj)
         if not hooks:
             parts["crds" if obj.get("kind") == "CustomResourceDefinition" else "chart"].append(obj)
         elif hooks & BEFORE:

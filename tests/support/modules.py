@@ -1,5 +1,6 @@
-"""gpuboot's Ansible modules (playbooks/library) imported as Python for their unit tests, with
-their shared module_utils where Ansible would put them (ansible.module_utils.<name>)."""
+"""gpuboot's Ansible modules (playbooks/library) and filters (playbooks/filter_plugins) imported
+as Python for their tests, the modules with their shared module_utils where Ansible would put
+them (ansible.module_utils.<name>)."""
 from __future__ import annotations
 
 import importlib.util
@@ -21,3 +22,7 @@ def load_module(name: str):
     for utils in sorted((ROOT / "playbooks" / "module_utils").glob("*.py")):
         _load(f"ansible.module_utils.{utils.stem}", utils)
     return _load(name, ROOT / "playbooks" / "library" / f"{name}.py")
+
+
+def load_filter(name: str):
+    return _load(f"gpuboot_filter_{name}", ROOT / "playbooks" / "filter_plugins" / f"{name}.py")

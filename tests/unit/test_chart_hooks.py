@@ -3,16 +3,12 @@ shaped as `helm template` prints them: the hooks of the pinned GPU Operator, NFD
 Operator, tigera-operator and Argo CD charts use every shape tested here."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from ansible.errors import AnsibleFilterError
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("chart_hooks", ROOT / "playbooks" / "filter_plugins" / "chart_hooks.py")
-hooks = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hooks)
+from tests.support.modules import load_filter
+
+hooks = load_filter("chart_hooks")
 
 
 def obj(kind: str, name: str, hook: str | None = None, weight: str | None = None, namespace: str = "ns") -> dict:
