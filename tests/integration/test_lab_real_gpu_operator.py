@@ -203,9 +203,10 @@ def test_the_real_gpu_operator_reconciles_the_lab_s_gpu_node_to_ready(lab_requir
         written = ssh(node_lab.info(), GPU_NODE, "ls /run/nvidia/validations").stdout.split()
         assert {"driver-ready", "toolkit-ready", "cuda-ready", "plugin-ready"} <= set(written), (written, seen)
 
-        # A second run changes nothing: the labels put back are gpuboot's for good, and no
-        # hook is applied again.
-        again = run(["up", str(node_lab.inventory), "--to", "gpu_operator", "--skip-mirror-check"])
+        # The phase run again (forced: a plain up skips it as converged) changes nothing: the
+        # labels put back are gpuboot's for good, and no hook is applied again.
+        again = run(["up", str(node_lab.inventory), "--from", "gpu_operator", "--to", "gpu_operator", "--force",
+                     "--skip-mirror-check"])
         said = capsys.readouterr()
         (out / "up-again.txt").write_text(f"exit {again}\n{said.out}{said.err}")
         assert again == 0, ((said.out + said.err)[-4000:], seen)
