@@ -51,15 +51,15 @@ def chart_repository(helm, tmp_path):
     server.shutdown()
 
 
-def install(api, helm, tmp_path: Path, release, charts: dict, addon_dir: Path) -> subprocess.CompletedProcess[str]:
-    playbook = tmp_path / "install.yml"
+def run_install(api, helm, tmp_path: Path, name: str, chart_vars: dict) -> subprocess.CompletedProcess[str]:
+    """playbooks/tasks/install_chart.yml with these chart_install_* inputs, as a phase includes it."""
+    playbook = tmp_path / f"install-{name}.yml"
     playbook.write_text(yaml.safe_dump([{
         "name": "install", "hosts": "localhost", "gather_facts": False,
         "vars_files": [str(ROOT / "playbooks" / "group_vars" / "all" / "charts.yml")],
-        "tasks": [{"name": "calico", "ansible.builtin.include_tasks": str(ROOT / "playbooks" / "tasks" / "install_chart.yml"),
-                   "vars": {"chart_install_release": "tigera-operator", "chart_install_namespace": "tigera-operator",
-                            "chart_install_chart": charts["chart"], "chart_install_crd_chart": charts["crd_chart"],
-                            "chart_install_dir": str(addon_dir), "chart_install_before": ["namespace.yaml"]}}]}]))
+        "tasks": [{"name": name, "ansible.builtin.include_tasks": str(ROOT / "playbooks" / "tasks" / "install_chart.yml"),
+                   "vars": chart_vars}]}]))
+    release = matrix.load(load_cluster(SAMPLE).settings.release)
     variables = {"ansible_python_interpreter": sys.executable,
                  "gpuboot_settings": {"tools": {"helm": str(helm)},
                                       "mirror": {"registry": "", "credentials_file": "", "ca_file": ""}},
@@ -71,6 +71,13 @@ def install(api, helm, tmp_path: Path, release, charts: dict, addon_dir: Path) -
     return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            "-e", json.dumps(variables), str(playbook)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
+
+
+def install(api, helm, tmp_path: Path, release, charts: dict, addon_dir: Path) -> subprocess.CompletedProcess[str]:
+    return run_install(api, helm, tmp_path, "calico", {
+        "chart_install_release": "tigera-operator", "chart_install_namespace": "tigera-operator",
+        "chart_install_chart": charts["chart"], "chart_install_crd_chart": charts["crd_chart"],
+        "chart_install_dir": str(addon_dir), "chart_install_before": ["namespace.yaml"]})
 
 
 def recap(output: str) -> str:
@@ -148,25 +155,10 @@ def hook_chart(helm, into: Path, version: str, job_command: str) -> None:
 
 
 def install_hook_chart(api, helm, tmp_path: Path, url: str, version: str, addon_dir: Path):
-    playbook = tmp_path / "install-hooks.yml"
-    playbook.write_text(yaml.safe_dump([{
-        "name": "install", "hosts": "localhost", "gather_facts": False,
-        "vars_files": [str(ROOT / "playbooks" / "group_vars" / "all" / "charts.yml")],
-        "tasks": [{"name": "hook demo", "ansible.builtin.include_tasks": str(ROOT / "playbooks" / "tasks" / "install_chart.yml"),
-                   "vars": {"chart_install_release": HOOK_CHART_RELEASE, "chart_install_namespace": HOOK_NAMESPACE,
-                            "chart_install_chart": {"name": "hook-demo", "version": version, "repository": url},
-                            "chart_install_dir": str(addon_dir), "chart_install_before": ["namespace.yaml"]}}]}]))
-    variables = {"ansible_python_interpreter": sys.executable,
-                 "gpuboot_settings": {"tools": {"helm": str(helm)},
-                                      "mirror": {"registry": "", "credentials_file": "", "ca_file": ""}},
-                 "gpuboot_release": {"kubernetes": {"version": matrix.load(load_cluster(SAMPLE).settings.release).kubernetes.version}},
-                 "gpuboot_charts_dir": str(tmp_path / "control-charts"),
-                 "gpuboot_admin_kubeconfig": str(api.kubeconfig)}
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{api.bin_dir}:{os.environ['PATH']}",
-               ANSIBLE_NOCOLOR="1")
-    return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                           "-e", json.dumps(variables), str(playbook)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return run_install(api, helm, tmp_path, "hook-demo", {
+        "chart_install_release": HOOK_CHART_RELEASE, "chart_install_namespace": HOOK_NAMESPACE,
+        "chart_install_chart": {"name": "hook-demo", "version": version, "repository": url},
+        "chart_install_dir": str(addon_dir), "chart_install_before": ["namespace.yaml"]})
 
 
 def present(api, kind: str, name: str) -> bool:
