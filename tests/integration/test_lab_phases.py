@@ -16,6 +16,18 @@ def events_of(out: str) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def facts_gathered_by_phase(events: list[dict]) -> dict[str, set[str]]:
+    """phase -> the hosts whose facts it gathered."""
+    phase = None
+    gathered: dict[str, set[str]] = {}
+    for event in events:
+        if event["event"] == "PhaseStarted":
+            phase = event["phase"]
+        if event["event"] == "HostResult" and event["task"] == "Gathering Facts" and event["status"] == "ok":
+            gathered.setdefault(phase, set()).add(event["host"])
+    return gathered
+
+
 def test_lab_inventory_is_valid(lab):
     cluster = load_cluster(lab["inventory"], check_files=True)
     assert len(cluster.control_planes) == 3
@@ -33,6 +45,8 @@ def test_preflight_and_os_prep_converge_on_every_node_then_change_nothing(lab, c
     assert all(c["failed"] == 0 and c["unreachable"] == 0 for s in stats for c in s["hosts"].values())
     finished = events[-1]
     assert finished["event"] == "RunFinished" and finished["status"] == "ok"
+    # One fact gathering per run: os_prep reuses the facts preflight gathered.
+    assert facts_gathered_by_phase(events) == {"preflight": hosts}
 
     # State on every host, read back over SSH.
     for host in hosts:
@@ -86,21 +100,6 @@ def test_host_key_checking_is_on(lab, tmp_path, capsys):
     assert "ssh-keygen -R" in message and "not the fix" in message
 
 
-def test_preflight_reports_every_problem_on_every_host_at_once(lab, tmp_path, capsys):
-    # Ask for more memory than any node has: every host fails, one summary lists them all.
-    inventory = edit_inventory(lab["inventory"], tmp_path / "inventory.yml",
-                               lambda d: d["all"]["vars"].update({"preflight_min_memory_mb": 10 ** 9}))
-    assert run(["up", str(inventory), "--only", "preflight", "--force", "--output", "json"]) == 4
-    events = events_of(capsys.readouterr().out)
-    failures = [e for e in events if e["event"] == "HostResult" and e["status"] == "failed"]
-    assert len(failures) == 1  # one summary task, run once
-    for host in lab["state"].addresses:
-        assert f"{host}: " in failures[0]["message"] and "MiB memory" in failures[0]["message"]
-    assert events[-1]["event"] == "Error" and events[-1]["error"]["exit_code"] == 4  # the last JSON line
-    finished = next(e for e in reversed(events) if e["event"] == "RunFinished")
-    assert finished["status"] == "failed" and finished["resume"].endswith("--from preflight")
-
-
 def test_plain_ansible_playbook_runs_the_same_phase(lab):
     """The inventory and playbooks work without gpuboot: plain ansible-playbook -i."""
     import os
@@ -126,20 +125,6 @@ def test_plain_ansible_playbook_runs_the_same_phase(lab):
     assert "failed=0" in recap and "unreachable=1" not in recap
 
 
-def test_facts_are_gathered_once_per_run(lab, capsys):
-    """One fact gathering per run: the second phase reuses the first phase's facts."""
-    assert run(["up", str(lab["inventory"]), "--to", "os_prep", "--force", "--output", "json"]) == 0
-    events = events_of(capsys.readouterr().out)
-    phase = None
-    gathered: dict[str, set[str]] = {}
-    for event in events:
-        if event["event"] == "PhaseStarted":
-            phase = event["phase"]
-        if event["event"] == "HostResult" and event["task"] == "Gathering Facts" and event["status"] == "ok":
-            gathered.setdefault(phase, set()).add(event["host"])
-    assert gathered == {"preflight": set(lab["state"].addresses)}
-
-
 def test_plan_check_runs_check_mode_and_records_nothing(lab, capsys):
     inventory = str(lab["inventory"])
     assert run(["plan", inventory, "--to", "os_prep", "--check", "--output", "json"]) == 0
@@ -155,22 +140,32 @@ def test_plan_check_runs_check_mode_and_records_nothing(lab, capsys):
     assert runs[-1]["command"] == "plan --check" and runs[-1]["check"] is True
 
 
-def test_preflight_names_nodes_cloned_from_one_image(lab, capsys):
-    """Two nodes with one machine-id (a cloned image): preflight names both, and the fix."""
+def test_preflight_reports_every_problem_on_every_host_at_once(lab, tmp_path, capsys):
+    """Two kinds of problem in one run: more memory asked than any node has (every host fails)
+    and two nodes with one machine-id (a cloned image). One summary names them all, and the fixes."""
     first, second = f"{LAB_NAME}-w1", f"{LAB_NAME}-w2"
     original = ssh(lab, second, "cat /etc/machine-id").stdout.strip()
     cloned = ssh(lab, first, "cat /etc/machine-id").stdout.strip()
     assert original and cloned and original != cloned
+    inventory = edit_inventory(lab["inventory"], tmp_path / "inventory.yml",
+                               lambda d: d["all"]["vars"].update({"preflight_min_memory_mb": 10 ** 9}))
     try:
         assert ssh(lab, second, f"echo {cloned} > /etc/machine-id").returncode == 0
-        assert run(["up", str(lab["inventory"]), "--only", "preflight", "--force", "--output", "json"]) == 4
-        events = events_of(capsys.readouterr().out)
-        message = next(e for e in events if e["event"] == "HostResult" and e["status"] == "failed")["message"]
-        assert f"{first}: machine-id {cloned} is also on {second}" in message
-        assert f"{second}: machine-id {cloned} is also on {first}" in message
-        assert "systemd-machine-id-setup" in message
+        assert run(["up", str(inventory), "--only", "preflight", "--force", "--output", "json"]) == 4
     finally:
         ssh(lab, second, f"echo {original} > /etc/machine-id")
+    events = events_of(capsys.readouterr().out)
+    failures = [e for e in events if e["event"] == "HostResult" and e["status"] == "failed"]
+    assert len(failures) == 1  # one summary task, run once
+    message = failures[0]["message"]
+    for host in lab["state"].addresses:
+        assert f"{host}: " in message and "MiB memory" in message
+    assert f"{first}: machine-id {cloned} is also on {second}" in message
+    assert f"{second}: machine-id {cloned} is also on {first}" in message
+    assert "systemd-machine-id-setup" in message
+    assert events[-1]["event"] == "Error" and events[-1]["error"]["exit_code"] == 4  # the last JSON line
+    finished = next(e for e in reversed(events) if e["event"] == "RunFinished")
+    assert finished["status"] == "failed" and finished["resume"].endswith("--from preflight")
 
 
 # A real full /var on one node: an overlay over its /var whose writable layer is a 24 MiB tmpfs,
