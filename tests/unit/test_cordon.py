@@ -44,23 +44,22 @@ def run(tmp_path: Path, verb: str, fails: int = 0, already: bool = False, absent
     kubectl.write_text(KUBECTL_DOUBLE)
     kubectl.chmod(0o755)
     state = tmp_path / "calls"
-    playbook = tmp_path / "cordon.yml"
-    playbook.write_text(yaml.safe_dump([{
-        "hosts": "localhost", "gather_facts": False,
-        "tasks": [{"name": "the task file", "ansible.builtin.include_tasks": str(TASKS),
-                   "vars": {"cordon_node": "gpu01", "cordon_verb": verb, "cordon_via": "localhost", **task_vars}}]}]))
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", STATE=str(state), FAILS=str(fails),
-               ALREADY="1" if already else "", ABSENT="1" if absent else "",
-               ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
-    # The tries, not the waits between them: the task's delay comes from the file, so the test
-    # runs a copy with delay 0 and everything else as written.
+    # The tries, not the waits between them: a copy of the task file with delay 0 and
+    # everything else as written.
     task_file = yaml.safe_load(TASKS.read_text())
     assert task_file[0]["delay"] == 5 and task_file[0]["retries"] == 12
     task_file[0]["delay"] = 0
     copy = tmp_path / "cordon-tasks.yml"
     copy.write_text(yaml.safe_dump(task_file))
-    playbook.write_text(playbook.read_text().replace(str(TASKS), str(copy)))
+    playbook = tmp_path / "cordon.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "gather_facts": False,
+        "tasks": [{"name": "the task file", "ansible.builtin.include_tasks": str(copy),
+                   "vars": {"cordon_node": "gpu01", "cordon_verb": verb, "cordon_via": "localhost", **task_vars}}]}]))
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", STATE=str(state), FAILS=str(fails),
+               ALREADY="1" if already else "", ABSENT="1" if absent else "",
+               ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
     done = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            "-e", json.dumps({"gpuboot_admin_kubeconfig": "/dev/null", "groups": {},
                                              "ansible_python_interpreter": sys.executable}),
