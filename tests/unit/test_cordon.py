@@ -55,7 +55,9 @@ def run(tmp_path: Path, verb: str, fails: int = 0, already: bool = False, absent
     playbook.write_text(yaml.safe_dump([{
         "hosts": "localhost", "gather_facts": False,
         "tasks": [{"name": "the task file", "ansible.builtin.include_tasks": str(copy),
-                   "vars": {"cordon_node": "gpu01", "cordon_verb": verb, "cordon_via": "localhost", **task_vars}}]}]))
+                   "vars": {"cordon_node": "gpu01", "cordon_verb": verb, "cordon_via": "localhost", **task_vars}},
+                  # What a caller reads (the upgrade's rescue message): the fact the task file sets.
+                  {"name": "what the caller reads", "ansible.builtin.debug": {"msg": "cordon_done={{ cordon_done }}"}}]}]))
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", STATE=str(state), FAILS=str(fails),
                ALREADY="1" if already else "", ABSENT="1" if absent else "",
                ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
@@ -68,6 +70,12 @@ def run(tmp_path: Path, verb: str, fails: int = 0, already: bool = False, absent
     return done, int(state.read_text()) if state.exists() else 0
 
 
+def done_fact(output: str) -> str:
+    """The cordon_done fact as the caller's task printed it."""
+    return next(line.split("cordon_done=", 1)[1].strip().strip('"') for line in output.splitlines()
+                if "cordon_done=" in line and "{{" not in line)
+
+
 def recap(output: str) -> str:
     return next(line for line in output.splitlines() if line.startswith("localhost") and "ok=" in line)
 
@@ -78,6 +86,7 @@ def test_a_patch_that_failed_behind_exit_0_is_tried_again_until_kubectl_says_it_
     assert done.returncode == 0, done.stdout[-3000:]
     assert calls == 3
     assert "changed=1" in recap(done.stdout)
+    assert done_fact(done.stdout) == "True"
 
 
 @pytest.mark.parametrize("verb", ["cordon", "uncordon"])
@@ -93,6 +102,8 @@ def test_the_rescue_s_uncordon_tries_and_never_fails_the_play(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:]
     assert calls == 13
     assert "failed=0" in recap(done.stdout)
+    # The rescue's message reads it: uncordon failed too.
+    assert done_fact(done.stdout) == "False"
 
 
 @pytest.mark.parametrize("verb", ["cordon", "uncordon"])
@@ -101,6 +112,7 @@ def test_a_node_already_so_is_no_change(tmp_path, verb):
     assert done.returncode == 0, done.stdout[-3000:]
     assert calls == 1
     assert "changed=0" in recap(done.stdout)
+    assert done_fact(done.stdout) == "True"
 
 
 def test_an_unknown_node_fails_unless_its_absence_is_allowed(tmp_path):
