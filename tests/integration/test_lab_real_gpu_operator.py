@@ -3,14 +3,18 @@ tag the release pins, its controller and NFD built from their sources (`gpuboot_
 installed by gpuboot's gpu_operator phase through the air-gapped lab mirror onto a kubeadm
 cluster whose GPU node declares its double hardware to the real NFD through a local feature
 file. Doubles stand only where a GPU is needed (tests/support/gpu_operands.py): the driver, the
-container toolkit, the device plugin, GFD, the DCGM exporter and the validator's CUDA sample.
+container toolkit, the device plugin, GFD, the DCGM exporter, the MIG manager and the validator's
+CUDA sample.
 
 What it shows: the real operator, fed gpuboot's ClusterPolicy, deploys exactly the operands that
 policy turns on, on the GPU node only, from exactly the images gpuboot's mirror plan holds; the
 real validator passes the driver, toolkit, CUDA and device-plugin validations through the
 doubles; the operator says Ready with reason Reconciled and gpuboot's phase is done; the GPUs
-are allocatable from the kubelet and GFD's labels reach the node through the real NFD. What each
-pod printed is kept in the test's tmp directory."""
+are allocatable from the kubelet and GFD's labels reach the node through the real NFD. The
+second GPU node is MIG (two H100, all-1g.10gb, mixed strategy): the operator deploys the MIG
+manager there only, which applies the layout gpuboot's label names with the GPU clients paused,
+and the kubelet then allocates its MIG devices. What each pod printed is kept in the test's tmp
+directory."""
 from __future__ import annotations
 
 import io
@@ -40,10 +44,11 @@ from tests.support.addon_lab import addon_lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
-# A control plane and a GPU worker, kubeadm's, in a subnet of their own.
-SPEC = LabSpec(name="rgpu", control_planes=1, workers=0, gpu_workers=1, subnet="10.213.88.0/24", flavour="kubernetes",
+# A control plane and two GPU workers, kubeadm's, in a subnet of their own.
+SPEC = LabSpec(name="rgpu", control_planes=1, workers=0, gpu_workers=2, subnet="10.213.88.0/24", flavour="kubernetes",
                release="k8s-1.36")
 GPU_NODE = f"{SPEC.name}-gpu1"
+MIG_NODE = f"{SPEC.name}-gpu2"
 # NFD's local source: a feature file under features.d labels the node as if its PCI scan found
 # an NVIDIA device (class 0302, vendor 10de), which is what the operator selects GPU nodes by.
 FEATURES = "/etc/kubernetes/node-feature-discovery/features.d/gpuboot-double-hardware"
@@ -78,9 +83,13 @@ OPERAND_DAEMONSETS = {
 VALIDATOR = "nvidia-operator-validator"
 # Planned for gpuboot itself, not for the operator: validate's nvidia-smi Job.
 GPUBOOT_OWN = ("smokeTest",)
-# The GPU node's double hardware: two L40S (no MIG: the MIG manager has no double yet).
+# The GPU nodes' double hardware: two L40S (whole GPUs); two H100 (MIG, 7 x 1g.10gb each).
 GPUS = 2
 DOUBLE_GPUS = gpu_operands.double_gpus("NVIDIA L40S", GPUS, family="ada-lovelace", mig_capable=False, memory_mib=46068)
+MIG_LAYOUT, MIG_PER_GPU = "all-1g.10gb", 7
+DOUBLE_MIG_GPUS = gpu_operands.double_gpus("NVIDIA H100 80GB HBM3", GPUS, family="hopper", mig_capable=True,
+                                           memory_mib=81559, pci_device_id="0x233010DE")
+HARDWARE = {GPU_NODE: DOUBLE_GPUS, MIG_NODE: DOUBLE_MIG_GPUS}
 
 
 def images_of(workloads: list[dict]) -> set[str]:
@@ -116,12 +125,15 @@ def test_the_real_gpu_operator_reconciles_the_lab_s_gpu_node_to_ready(lab_requir
         data["all"]["vars"]["gpu_operator_ready_timeout"] = 420
         # A lab node has no NVIDIA kernel module, so no device majors in /proc/devices for the
         # validator's /dev/char links: NVIDIA's documented switch for such hosts.
-        data["all"]["vars"]["gpuboot"]["gpu_operator"] = {"dev_char_symlinks": False}
+        data["all"]["vars"]["gpuboot"]["gpu_operator"] = {"dev_char_symlinks": False, "mig_strategy": "mixed"}
         node_lab.write(data)
         host_vars = node_lab.inventory.parent / "host_vars"
         host_vars.mkdir(exist_ok=True)
         (host_vars / f"{GPU_NODE}.yml").write_text(yaml.safe_dump({"gpuboot_node": {
             "os": "debian-12", "gpu": {"model": "L40S-48GB", "count": GPUS, "driver": "preinstalled"}}}))
+        (host_vars / f"{MIG_NODE}.yml").write_text(yaml.safe_dump({"gpuboot_node": {
+            "os": "debian-12", "gpu": {"model": "H100-SXM5-80GB", "count": GPUS, "driver": "preinstalled",
+                                       "mig": {"layout": MIG_LAYOUT}}}}))
         # Doubles first (every planned image and the chart), then the real chart and the
         # images built from source, with the hardware's doubles, over them.
         add_to_bundle(node_lab.bundle, node_lab.inventory, node_lab.helm)
@@ -136,11 +148,12 @@ def test_the_real_gpu_operator_reconciles_the_lab_s_gpu_node_to_ready(lab_requir
         replaced = {a.ref for a in real}
         bundle.write_manifest(name, [a for a in artifacts if a.ref not in replaced] + real)
         node_lab.start_mirror()
-        ssh(node_lab.info(), GPU_NODE, f"mkdir -p {Path(FEATURES).parent} && printf '{DOUBLE_FEATURES}' > {FEATURES}")
         # The preinstalled driver is hardware: its double, which the real validator runs through chroot /host.
-        for path, content, mode in gpu_operands.driver_files(DOUBLE_GPUS):
-            ssh(node_lab.info(), GPU_NODE, f"mkdir -p {Path(path).parent} && cat > {path} && chmod {mode:o} {path}",
-                stdin=content)
+        for node, gpus in HARDWARE.items():
+            ssh(node_lab.info(), node, f"mkdir -p {Path(FEATURES).parent} && printf '{DOUBLE_FEATURES}' > {FEATURES}")
+            for path, content, mode in gpu_operands.driver_files(gpus):
+                ssh(node_lab.info(), node, f"mkdir -p {Path(path).parent} && cat > {path} && chmod {mode:o} {path}",
+                    stdin=content)
         cluster = load_cluster(node_lab.inventory)
         plan = mirror_plan.build(release, mirror_plan.Target.of(cluster, release)).only({"gpu_operator"})
 
@@ -172,11 +185,15 @@ def test_the_real_gpu_operator_reconciles_the_lab_s_gpu_node_to_ready(lab_requir
         wanted = {ds for key, ds in OPERAND_DAEMONSETS.items() if policy[key]["enabled"]} | {VALIDATOR}
         assert {ds for ds in daemonsets if ds in wanted or ds in OPERAND_DAEMONSETS.values()} == wanted, seen
         assert not policy["driver"]["enabled"]  # the node's driver is preinstalled
-        # Every operand pod on the GPU node and nowhere else (NFD's worker runs on every node).
+        # Every operand pod on the GPU nodes and nowhere else (NFD's worker runs on every node),
+        # the MIG manager only where GFD found MIG-capable GPUs.
         operand_pods = [p for p in pods if any(r["kind"] == "DaemonSet" and r["name"] in wanted
                                                for r in p["metadata"].get("ownerReferences", []))]
-        assert {r["name"] for p in operand_pods for r in p["metadata"]["ownerReferences"]} == wanted, seen
-        assert {p["spec"].get("nodeName") for p in operand_pods} == {GPU_NODE}, seen
+        per_node: dict[str, set[str]] = {}
+        for pod in operand_pods:
+            per_node.setdefault(pod["spec"].get("nodeName"), set()).update(
+                r["name"] for r in pod["metadata"]["ownerReferences"])
+        assert per_node == {GPU_NODE: wanted - {OPERAND_DAEMONSETS["migManager"]}, MIG_NODE: wanted}, (per_node, seen)
 
         # What the operator deployed is what gpuboot's mirror plan holds for it: one image too
         # many in the plan is an air gap's waste, one too few a pod that never pulls.
@@ -199,9 +216,25 @@ def test_the_real_gpu_operator_reconciles_the_lab_s_gpu_node_to_ready(lab_requir
         # cleanup Jobs delete the operator's own custom resources.
         jobs = {w["metadata"]["name"] for w in workloads if w["kind"] == "Job"}
         assert not {job for job in jobs if job.endswith(("-prune", "-cleanup-crd", "-cleanup-gpucluster"))}, (jobs, seen)
-        # The validator wrote every validation it makes, on the node.
-        written = ssh(node_lab.info(), GPU_NODE, "ls /run/nvidia/validations").stdout.split()
-        assert {"driver-ready", "toolkit-ready", "cuda-ready", "plugin-ready"} <= set(written), (written, seen)
+        # The validator wrote every validation it makes, on each node (on the MIG node again
+        # after the MIG manager restarted it with the new layout).
+        for name in HARDWARE:
+            written = ssh(node_lab.info(), name, "ls /run/nvidia/validations").stdout.split()
+            assert {"driver-ready", "toolkit-ready", "cuda-ready", "plugin-ready"} <= set(written), (name, written, seen)
+
+        # The MIG node: the MIG manager applied the layout gpuboot's label names (the phase waited
+        # for its state), gave the GPU clients back, and the kubelet allocates the MIG devices.
+        mig_node = get("node", MIG_NODE, namespace=())[0]
+        mig_labels = mig_node["metadata"]["labels"]
+        assert (mig_labels.get("nvidia.com/mig.config"), mig_labels.get("nvidia.com/mig.config.state")) == \
+            (MIG_LAYOUT, "success"), (mig_labels, seen)
+        assert mig_node["status"]["allocatable"].get("nvidia.com/mig-1g.10gb") == str(GPUS * MIG_PER_GPU), seen
+        assert mig_node["status"]["allocatable"].get("nvidia.com/gpu", "0") == "0", seen
+        assert (mig_labels.get("nvidia.com/mig.capable"), mig_labels.get("nvidia.com/mig.strategy")) == ("true", "mixed"), seen
+        assert {mig_labels.get(f"nvidia.com/gpu.deploy.{client}") for client in
+                ("device-plugin", "gpu-feature-discovery", "dcgm-exporter")} == {"true"}, (mig_labels, seen)
+        applied = json.loads(ssh(node_lab.info(), MIG_NODE, f"cat {gpu_operands.HARDWARE}").stdout)
+        assert [len(gpu.get("mig", [])) for gpu in applied["gpus"]] == [MIG_PER_GPU] * GPUS, (applied, seen)
 
         # The phase run again (forced: a plain up skips it as converged) changes nothing: the
         # labels put back are gpuboot's for good, and no hook is applied again.

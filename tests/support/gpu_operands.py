@@ -4,8 +4,8 @@ config-manager, and TEST DOUBLES only where a GPU is needed:
 - the driver: a node's `nvidia-smi` double and the file that stands for what NVML reports (its
   double GPUs), at the driver root `/` of a "preinstalled" driver;
 - the container toolkit in NRI plugin mode (tests/doubles/gpu_operator/toolkit);
-- the device plugin, GPU Feature Discovery and the DCGM exporter: one multi-call Go binary
-  (tests/doubles/gpu_operator/operands) under each operand's name;
+- the device plugin, GPU Feature Discovery, the DCGM exporter and the MIG manager: one
+  multi-call Go binary (tests/doubles/gpu_operator/operands) under each operand's name;
 - the validator's CUDA sample (`vectorAdd`)."""
 from __future__ import annotations
 
@@ -33,10 +33,14 @@ DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W).
 """
 
 
-def double_gpus(product: str, count: int, *, family: str, mig_capable: bool, memory_mib: int) -> bytes:
-    """The driver double's view of a node's GPUs (tests/doubles/gpu_operator/operands' Hardware)."""
+def double_gpus(product: str, count: int, *, family: str, mig_capable: bool, memory_mib: int,
+                pci_device_id: str = "") -> bytes:
+    """The driver double's view of a node's GPUs (tests/doubles/gpu_operator/operands' Hardware).
+    pci_device_id: NVML's PCI device and vendor id (0x233010DE), which mig-parted's device
+    filters match."""
     return json.dumps({"gpus": [{"index": i, "uuid": f"GPU-{i:08d}-0000-4000-8000-double000000", "product": product,
-                                 "family": family, "migCapable": mig_capable, "memoryMiB": memory_mib}
+                                 "family": family, "migCapable": mig_capable, "memoryMiB": memory_mib,
+                                 **({"pciDeviceId": pci_device_id} if pci_device_id else {})}
                                 for i in range(count)]}, indent=2).encode()
 
 
@@ -45,9 +49,11 @@ def driver_files(gpus: bytes) -> list[tuple[str, bytes, int]]:
     return [("/usr/bin/nvidia-smi", NVIDIA_SMI, 0o755), (HARDWARE, gpus, 0o644)]
 
 
-def _shell_image(bundle: Bundle, ref: str, files: list[tuple[str, bytes, int]], entrypoint: list[str]) -> Artifact:
+def _shell_image(bundle: Bundle, ref: str, files: list[tuple[str, bytes, int]], entrypoint: list[str],
+                 applets: tuple[str, ...] = ()) -> Artifact:
+    """An image of busybox's shell (and the `applets` a script of the operator's runs) and `files`."""
     busybox = busybox_binaries(IMAGE_CACHE)["amd64"]
-    base = layer_tar([("bin/busybox", busybox, 0o755), ("bin/sh", busybox, 0o755)])
+    base = layer_tar([(f"bin/{name}", busybox, 0o755) for name in ("busybox", "sh", *applets)])
     return layered_image(bundle, ref, [base, layer_tar(files)], {"Entrypoint": entrypoint})
 
 
@@ -64,4 +70,7 @@ def images(bundle: Bundle, release: Release) -> list[Artifact]:
         _shell_image(bundle, refs["toolkit"], [("usr/bin/nvidia-toolkit", toolkit, 0o755)], ["/usr/bin/nvidia-toolkit"]),
         _shell_image(bundle, refs["dcgmExporter"], [("usr/bin/dcgm-exporter", operands, 0o755),
                                                      (DCGM_COLLECTORS, DCGM_FIELDS, 0o644)], ["/usr/bin/dcgm-exporter"]),
+        # The operator runs the MIG manager through its entrypoint ConfigMap (/bin/sh, cat).
+        _shell_image(bundle, refs["migManager"], [("usr/bin/nvidia-mig-manager", operands, 0o755)],
+                     ["/usr/bin/nvidia-mig-manager"], applets=("cat",)),
     ]

@@ -46,6 +46,16 @@ func inCluster() (*kube, error) {
 
 // do sends body (JSON) and decodes the answer into out; it returns the HTTP status.
 func (k *kube) do(method, path string, body, out any) (int, error) {
+	return k.send(method, path, "application/json", body, out)
+}
+
+// mergePatch: a JSON merge patch of the object at path (as client-go's MergePatchType).
+func (k *kube) mergePatch(path string, patch any) error {
+	_, err := k.send("PATCH", path, "application/merge-patch+json", patch, nil)
+	return err
+}
+
+func (k *kube) send(method, path, contentType string, body, out any) (int, error) {
 	var reader io.Reader
 	if body != nil {
 		data, err := json.Marshal(body)
@@ -59,7 +69,7 @@ func (k *kube) do(method, path string, body, out any) (int, error) {
 		return 0, err
 	}
 	request.Header.Set("Authorization", "Bearer "+k.token)
-	request.Header.Set("Content-Type", "application/json")
+	request.Header.Set("Content-Type", contentType)
 	request.Header.Set("Accept", "application/json")
 	response, err := k.client.Do(request)
 	if err != nil {

@@ -1,8 +1,8 @@
 // TEST DOUBLES of the GPU Operator's operands that read the GPUs through NVML, for lab nodes that
 // have no GPU: one binary that, as busybox does, is the operand it is run as (the name the
-// image gives it): nvidia-device-plugin, gpu-feature-discovery (gfd.go) or dcgm-exporter
-// (dcgm.go). Each reads the node's double GPUs from the file the lab's driver double writes,
-// as the real one reads NVML through the driver.
+// image gives it): nvidia-device-plugin, gpu-feature-discovery (gfd.go), dcgm-exporter
+// (dcgm.go) or nvidia-mig-manager (migmanager.go). Each reads the node's double GPUs from the
+// file the lab's driver double writes, as the real one reads NVML through the driver.
 //
 // The device plugin (nvcr.io/nvidia/k8s-device-plugin's nvidia-device-plugin): it registers with the real kubelet through the device-plugin API
 // (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1), one endpoint per resource as the real plugin
@@ -42,6 +42,8 @@ func main() {
 		gfdMain()
 	case "dcgm-exporter":
 		dcgmMain()
+	case "nvidia-mig-manager":
+		migManagerMain()
 	default:
 		devicePluginMain()
 	}

@@ -27,6 +27,8 @@ type GPU struct {
 	MIGCapable bool   `json:"migCapable,omitempty"`
 	Family     string `json:"family,omitempty"`
 	MemoryMiB  int    `json:"memoryMiB,omitempty"`
+	// The PCI device and vendor id (0x233010DE), which a mig-parted device-filter matches.
+	PCIDeviceID string `json:"pciDeviceId,omitempty"`
 }
 
 type MIGDevice struct {

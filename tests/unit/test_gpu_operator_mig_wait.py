@@ -1,0 +1,100 @@
+"""The GPU Operator phase waits for the MIG manager's layouts (roles/gpu_operator/tasks/ready.yml):
+NVIDIA's operator says its ClusterPolicy is ready before the MIG manager has applied a node's
+layout (seen with the real operator v26.7.0 in the lab: the MIG manager pauses the device
+plugin, GFD and DCGM only after their first start), and a layout that failed leaves the node
+without MIG devices while the policy still says ready. The block runs under the real
+ansible-playbook with the role's own vars against a kubectl double that answers as kubectl does
+for `get nodes A,B -o jsonpath=...`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "gpu_operator"
+WAIT = "GPU Operator | wait for the MIG layouts"
+# Answers one line per try from $ANSWERS (a JSON list; the last one repeats): node=state lines.
+KUBECTL_DOUBLE = """#!/usr/bin/env python3
+# kubectl TEST DOUBLE: `kubectl --kubeconfig K get nodes A,B -o JSONPATH`.
+import json, os, sys
+args = sys.argv[1:]
+assert args[:2] == ["--kubeconfig", "/dev/null"] and args[2:4] == ["get", "nodes"] and args[5] == "-o", args
+assert args[6].startswith("jsonpath=") and "nvidia\\\\.com/mig\\\\.config\\\\.state" in args[6], args[6]
+calls = int(open(os.environ["STATE"]).read()) if os.path.exists(os.environ["STATE"]) else 0
+open(os.environ["STATE"], "w").write(str(calls + 1))
+answers = json.loads(os.environ["ANSWERS"])
+states = answers[min(calls, len(answers) - 1)]
+names = args[4].split(",")
+for name in names:
+    if name not in states:
+        sys.stderr.write(f'Error from server (NotFound): nodes "{name}" not found\\n')
+        sys.exit(1)
+sys.stdout.write("".join(f"{name}={states[name]}\\n" for name in names))
+"""
+PLAN = {"nodes": {
+    "h100-01": {"labels": {"nvidia.com/device-plugin.config": "default", "nvidia.com/mig.config": "all-1g.10gb"}},
+    "h100-02": {"labels": {"nvidia.com/device-plugin.config": "default", "nvidia.com/mig.config": "all-3g.40gb"}},
+    "l40s-01": {"labels": {"nvidia.com/device-plugin.config": "time-sliced-4"}},
+}}
+
+
+def run(tmp_path: Path, answers: list[dict[str, str]], plan: dict = PLAN) -> tuple[subprocess.CompletedProcess[str], int]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    kubectl = bin_dir / "kubectl"
+    kubectl.write_text(KUBECTL_DOUBLE)
+    kubectl.chmod(0o755)
+    # The block as the role has it, with no wait between tries.
+    block = next(t for t in yaml.safe_load((ROLE / "tasks" / "ready.yml").read_text()) if t.get("name") == WAIT)
+    assert block["block"][0]["delay"] == 5
+    block["block"][0]["delay"] = 0
+    tasks = tmp_path / "wait.yml"
+    tasks.write_text(yaml.safe_dump([block]))
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "gather_facts": False, "vars_files": [str(ROLE / "vars" / "main.yml")],
+        "vars": {"gpu_operator_plan": plan, "gpu_operator_kubeconfig": "/dev/null", "gpu_operator_ready_timeout": 20,
+                 "gpu_operator_namespace": "gpu-operator", "gpu_operator_dir": str(tmp_path)},
+        "tasks": [{"name": "the wait", "ansible.builtin.include_tasks": str(tasks)}]}]))
+    state = tmp_path / "calls"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", STATE=str(state), ANSWERS=json.dumps(answers),
+               ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
+    done = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", json.dumps({"ansible_python_interpreter": sys.executable}), str(playbook)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    return done, int(state.read_text()) if state.exists() else 0
+
+
+def test_the_wait_ends_when_every_mig_node_says_success_and_asks_only_for_them(tmp_path):
+    done, calls = run(tmp_path, [{"h100-01": "pending", "h100-02": ""}, {"h100-01": "success", "h100-02": "pending"},
+                                 {"h100-01": "success", "h100-02": "success"}])
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert calls == 3
+
+
+def test_a_failed_layout_stops_the_wait_at_once_naming_the_node_its_layout_and_where_to_look(tmp_path):
+    done, calls = run(tmp_path, [{"h100-01": "success", "h100-02": "failed"}])
+    assert done.returncode != 0
+    assert calls == 1
+    said = done.stdout
+    assert "on 1 node(s)" in said and "h100-02: nvidia.com/mig.config=all-3g.40gb, state failed" in said, said[-3000:]
+    assert "app=nvidia-mig-manager --field-selector spec.nodeName=h100-02" in said and "h100-01:" not in said
+
+
+def test_a_layout_never_applied_is_named_after_the_timeout(tmp_path):
+    done, calls = run(tmp_path, [{"h100-01": "success", "h100-02": ""}])
+    assert done.returncode != 0
+    assert calls == 5  # 20 s at 5 s a try: the first try and 4 more
+    assert "h100-02: nvidia.com/mig.config=all-3g.40gb, state not set" in done.stdout, done.stdout[-3000:]
+
+
+def test_no_mig_node_no_wait(tmp_path):
+    done, calls = run(tmp_path, [{}], plan={"nodes": {"l40s-01": PLAN["nodes"]["l40s-01"]}})
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert calls == 0
