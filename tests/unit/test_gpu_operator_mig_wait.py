@@ -4,7 +4,8 @@ layout (seen with the real operator v26.7.0 in the lab: the MIG manager pauses t
 plugin, GFD and DCGM only after their first start), and a layout that failed leaves the node
 without MIG devices while the policy still says ready. The block runs under the real
 ansible-playbook with the role's own vars against a kubectl double that answers as kubectl does
-for `get nodes A,B -o jsonpath=...`."""
+for `get nodes -l nvidia.com/mig.config -o jsonpath=...` (the lab found that kubectl takes no
+comma-separated names and answers one named node as the object, not a list)."""
 from __future__ import annotations
 
 import json
@@ -20,22 +21,20 @@ ROLE = ROOT / "roles" / "gpu_operator"
 WAIT = "GPU Operator | wait for the MIG layouts"
 # Answers one line per try from $ANSWERS (a JSON list; the last one repeats): node=state lines.
 KUBECTL_DOUBLE = """#!/usr/bin/env python3
-# kubectl TEST DOUBLE: `kubectl --kubeconfig K get nodes A,B -o JSONPATH`.
+# kubectl TEST DOUBLE: `kubectl --kubeconfig K get nodes -l nvidia.com/mig.config -o JSONPATH`,
+# answered as kubectl answers a list (a single named node would be the object, not a list).
 import json, os, sys
 args = sys.argv[1:]
-assert args[:2] == ["--kubeconfig", "/dev/null"] and args[2:4] == ["get", "nodes"] and args[5] == "-o", args
-assert args[6].startswith("jsonpath=") and "nvidia\\\\.com/mig\\\\.config\\\\.state" in args[6], args[6]
+assert args[:4] == ["--kubeconfig", "/dev/null", "get", "nodes"], args
+assert args[4:7] == ["-l", "nvidia.com/mig.config", "-o"] and len(args) == 8, args
+assert args[7].startswith("jsonpath={range .items[*]}") and "nvidia\\\\.com/mig\\\\.config\\\\.state" in args[7], args[7]
 calls = int(open(os.environ["STATE"]).read()) if os.path.exists(os.environ["STATE"]) else 0
 open(os.environ["STATE"], "w").write(str(calls + 1))
 answers = json.loads(os.environ["ANSWERS"])
 states = answers[min(calls, len(answers) - 1)]
-names = args[4].split(",")
-for name in names:
-    if name not in states:
-        sys.stderr.write(f'Error from server (NotFound): nodes "{name}" not found\\n')
-        sys.exit(1)
-sys.stdout.write("".join(f"{name}={states[name]}\\n" for name in names))
+sys.stdout.write("".join(f"{name}={state}\\n" for name, state in states.items()))
 """
+# Each try's answer: the nodes that have the layout label, and their state ("" when unset).
 PLAN = {"nodes": {
     "h100-01": {"labels": {"nvidia.com/device-plugin.config": "default", "nvidia.com/mig.config": "all-1g.10gb"}},
     "h100-02": {"labels": {"nvidia.com/device-plugin.config": "default", "nvidia.com/mig.config": "all-3g.40gb"}},
@@ -71,9 +70,11 @@ def run(tmp_path: Path, answers: list[dict[str, str]], plan: dict = PLAN) -> tup
     return done, int(state.read_text()) if state.exists() else 0
 
 
-def test_the_wait_ends_when_every_mig_node_says_success_and_asks_only_for_them(tmp_path):
+def test_the_wait_ends_when_every_node_gpuboot_gave_a_layout_says_success(tmp_path):
+    # a100-09 is not gpuboot's MIG node (the operator labels MIG-capable nodes all-disabled): it
+    # is not waited for.
     done, calls = run(tmp_path, [{"h100-01": "pending", "h100-02": ""}, {"h100-01": "success", "h100-02": "pending"},
-                                 {"h100-01": "success", "h100-02": "success"}])
+                                 {"a100-09": "pending", "h100-01": "success", "h100-02": "success"}])
     assert done.returncode == 0, done.stdout[-3000:]
     assert calls == 3
 
