@@ -2,13 +2,14 @@
 against what gpuboot plans and checks for that GPU: preflight's hardware module on the real
 card, the same facts through the GPU plan of a one-node inventory and through the checks a
 customer's node would meet, NVIDIA's gpu-feature-discovery labels against what validate and the
-GPU Operator double expect, the CDI spec nvidia-ctk wrote for a driver root that is not /, and
+GFD double gives, the CDI spec nvidia-ctk wrote for a driver root that is not /, and
 the pods started through CRI with and without the CDI device. No GPU needed: these are the
 recorded outputs; run.sh on a GPU machine makes them again."""
 from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,8 @@ import yaml
 
 from gpuboot import gpus, matrix
 from gpuboot.config.loader import load_cluster
-from tests.doubles.gpu_operator.operator import Hardware
 from tests.doubles.hardware.sysfs import build_tree
+from tests.support import go_doubles, gpu_operands
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "gpu" / "fixtures"
@@ -132,16 +133,31 @@ def test_gfd_labels_are_what_validate_and_the_plan_expect(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_gpu_operator_double_labels_as_real_gfd_does(kind):
-    """The double's GFD labels (tests/doubles/gpu_operator) for this GPU are a subset of real GFD's,
-    letter for letter, except gpu.present, which NFD and the operator set, not GFD."""
-    real = labels(kind, "mixed")
+@pytest.mark.parametrize("strategy", ["mixed", "single"])
+def test_the_gfd_double_labels_as_real_gfd_does(kind, strategy, tmp_path):
+    """The GFD double (tests/doubles/gpu_operator/operands, the one the lab's GPU Operator runs),
+    given the GPUs real NVML reported on that machine, labels a subset of what real GFD labelled
+    there, letter for letter, and everything validate and the plan read of it."""
+    real = labels(kind, strategy)
+    count = int(real["nvidia.com/gpu.count"])
+    gpus_file = tmp_path / "gpus.json"
+    gpus_file.write_bytes(gpu_operands.double_gpus(
+        real["nvidia.com/gpu.product"].replace("-", " "), count, family=real["nvidia.com/gpu.family"],
+        mig_capable=real["nvidia.com/mig.capable"] == "true", memory_mib=int(real["nvidia.com/gpu.memory"])))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"version": "v1", "flags": {"migStrategy": strategy}}))
+    out = tmp_path / "gfd"
+    done = subprocess.run([str(go_doubles.build("gpu_operator/operands", "gpu-feature-discovery"))],
+                          env={"GFD_ONESHOT": "true", "USE_NODE_FEATURE_API": "false", "GFD_OUTPUT_FILE": str(out),
+                               "GPUBOOT_DOUBLE_HARDWARE": str(gpus_file), "CONFIG_FILE": str(config),
+                               "GFD_NO_TIMESTAMP": "true"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    made = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    assert {"nvidia.com/gpu.count", "nvidia.com/gpu.product", "nvidia.com/gpu.family", "nvidia.com/mig.capable"} <= set(made)
+    assert made == {k: real.get(k) for k in made}, {k: (v, real.get(k)) for k, v in made.items() if real.get(k) != v}
     plan = planned(kind)
-    double = Hardware(real["nvidia.com/gpu.product"], plan.model.pci_devices[0], plan.count, real["nvidia.com/gpu.family"])
-    made = {"nvidia.com/gpu.count": str(double.count), "nvidia.com/gpu.product": double.product,
-            "nvidia.com/gpu.family": double.family}
-    assert made == {k: real[k] for k in made}
-    assert plan.model.gfd_product == double.product
+    assert plan.model.gfd_product == made["nvidia.com/gpu.product"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

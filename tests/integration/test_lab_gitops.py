@@ -1,6 +1,7 @@
 """The GitOps handoff for real (issue 15, point 4): a lab cluster made by `up` (one control plane,
-one GPU worker with the GPU Operator's doubles, the Kubernetes built from Go modules,
-air-gapped behind the lab mirror), a real
+one GPU worker running NVIDIA's real GPU Operator with its hardware's doubles,
+tests/support/real_gpu_operator.py; the Kubernetes built from Go modules, air-gapped behind the
+lab mirror), a real
 Git server on the lab's gateway (Debian's sshd and git, the deploy key, the server's host key),
 and real Argo CD: its one binary built from github.com/argoproj/argo-cd/v3 at the matrix's
 version, kustomize from its Go module, helm from its own, in images that enter the mirror like
@@ -10,8 +11,8 @@ same version (tests/support/argocd_chart.py).
 
 What it shows: `up` pushes the rendered repository, installs Argo CD, and waits until every
 Application is Synced and Healthy; Argo CD adopts the GPU Operator gpuboot installed on day 1
-(its chart rendered by Argo CD from the mirror with the values in Git) without changing an
-object, and a later `up` leaves that add-on to Argo CD; a tenant's groups may act in its namespace and nowhere else
+(NVIDIA's real chart, rendered by Argo CD from the mirror with the values in Git) without
+changing an object, and a later `up` leaves that add-on to Argo CD; a tenant's groups may act in its namespace and nowhere else
 (the real API server's RBAC, through impersonation); a pod asking for more GPUs than the quota
 is refused by the real ResourceQuota admission; deleting a tenant's NetworkPolicy and raising its
 quota are both undone by Argo CD's self-heal; a second `up` changes nothing; a tenant added to the
@@ -27,11 +28,11 @@ import time
 import pytest
 import yaml
 
+from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot_lab.cluster import LabSpec
 from gpuboot_lab.gitserver import GitServer
-from tests.doubles.gpu_operator.operator import DoubleGpuOperator, Hardware
-from tests.support import addon_doubles
+from tests.support import gpu_operands, real_gpu_operator
 from tests.support.addon_lab import addon_lab, kubectl, said
 from tests.support.argocd_chart import add_to_bundle
 from tests.support.reuse import reuse_module
@@ -46,6 +47,8 @@ GIT_PORT = 2222
 GPU_NODE = f"{NAME}-gpu1"
 GPU_SETTINGS = {"os": "debian-12", "gpu": {"model": "L40S-48GB", "count": 2, "driver": "preinstalled",
                                           "time_slicing_replicas": 4}}
+# What the preinstalled driver's double says NVML reports there.
+GPUS = gpu_operands.double_gpus("NVIDIA L40S", 2, family="ada-lovelace", mig_capable=False, memory_mib=46068)
 TENANTS = [
     {"name": "vision", "groups": ["oidc:vision"], "admin_groups": ["oidc:vision-leads"],
      "quota": {"gpu": 4, "cpu": "4", "memory": "8Gi", "pods": 20}, "priority_classes": ["training", "batch"]},
@@ -76,17 +79,26 @@ def gitops_cluster(reused, lab_required, tmp_path, monkeypatch, capsys):
             data["all"]["vars"]["gpuboot"]["tenants"] = TENANTS
             # A broken add-on must be reported within the test's patience, not the product's.
             data["all"]["vars"]["argocd_ready_timeout"] = 300
-            data["all"]["vars"]["gpu_operator_ready_timeout"] = 60
+            # The DCGM exporter's probes wait 45 s; the validator's workloads run one after another.
+            data["all"]["vars"]["gpu_operator_ready_timeout"] = 420
+            # A lab node has no NVIDIA kernel module, so no device majors for the validator's
+            # /dev/char links: NVIDIA's documented switch for such hosts.
+            data["all"]["vars"]["gpuboot"]["gpu_operator"] = {"dev_char_symlinks": False}
             node_lab.write(data)
             host_vars = node_lab.inventory.parent / "host_vars"
             host_vars.mkdir()
             (host_vars / f"{GPU_NODE}.yml").write_text(yaml.safe_dump({"gpuboot_node": GPU_SETTINGS}))
-            images = addon_doubles.add_to_bundle(node_lab.bundle, node_lab.inventory, node_lab.helm)
+            images = real_gpu_operator.into_bundle(node_lab, matrix.load(RELEASE))
             images += add_to_bundle(node_lab.bundle, RELEASE, node_lab.helm)
             node_lab.start_mirror()
-            with DoubleGpuOperator(node_lab.kubectl, node_lab.kubeconfig,
-                                   {GPU_NODE: Hardware("NVIDIA-L40S", "0x26b9", 2, "ada-lovelace")}):
-                yield node_lab.info(git=git, images=images, tmp=tmp_path)
+            real_gpu_operator.declare_hardware(node_lab.info(), {GPU_NODE: GPUS})
+            out = tmp_path / "seen"
+            out.mkdir()
+            info = node_lab.info(git=git, images=images, tmp=tmp_path)
+            try:
+                yield info
+            finally:
+                real_gpu_operator.keep(out, info)
         finally:
             git.stop()
 

@@ -24,13 +24,9 @@ lost its GPUs makes the wait and `gpuboot verify` name the node, the operand and
 What the cluster showed is kept in the test's tmp directory."""
 from __future__ import annotations
 
-import io
 import json
 import subprocess
-import tarfile
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -39,16 +35,11 @@ from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
 from gpuboot.mirror import plan as mirror_plan
-from gpuboot.mirror.bundle import Bundle
-from gpuboot.mirror.plan import PlannedChart
-from gpuboot.mirror.pull import chart_artifact
 from gpuboot.mirror.refs import parse_image
 from gpuboot_lab.cluster import LabSpec, container_name
 from tests.doubles.hardware.sysfs import build_tree, hgx_server
 from tests.integration.conftest import ssh
-from tests.integration.test_double_schemas_vs_real_charts import source_tree
-from tests.support import gpu_operands
-from tests.support.addon_doubles import add_to_bundle
+from tests.support import gpu_operands, real_gpu_operator
 from tests.support.addon_lab import addon_lab, kubectl, said
 from tests.support.reuse import reuse_module
 
@@ -77,10 +68,6 @@ HARDWARE = {
 DOUBLE_ROOT = "/srv/gpuboot-double"
 DISCOVERY_VARS = {"preflight_sys_root": f"{DOUBLE_ROOT}/sys", "preflight_proc_root": f"{DOUBLE_ROOT}/proc",
                   "preflight_expect_gpu": True}
-# NFD's local source: a feature file under features.d labels the node as if its PCI scan found
-# an NVIDIA device (class 0302, vendor 10de), which is what the operator selects GPU nodes by.
-FEATURES = "/etc/kubernetes/node-feature-discovery/features.d/gpuboot-double-hardware"
-DOUBLE_FEATURES = "pci-10de.present=true\npci-0302_10de.present=true\n"
 # ClusterPolicy section -> the DaemonSet NVIDIA's operator deploys for it (its assets/ at the tag).
 OPERAND_DAEMONSETS = {
     "driver": "nvidia-driver-daemonset",
@@ -104,59 +91,6 @@ def reused(request):
     yield from reuse_module(request)
 
 
-def real_chart(helm: Path, release: matrix.Release, into: Path) -> tuple[str, bytes]:
-    """(version, archive) of the GPU Operator's chart at the release's tag, packaged by the real helm."""
-    version = release.gpu_operator["chart"]["version"]
-    upstream, git_dir, tag = source_tree("gpu-operator", version, SPEC.release)
-    archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", tag, upstream.chart_dir],
-                             capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    packaged = subprocess.run([str(helm), "package", str(into / upstream.chart_dir), "--version", version,
-                               "--app-version", version, "--destination", str(into)],
-                              capture_output=True, text=True)
-    assert packaged.returncode == 0, packaged.stderr
-    return version, next(into.glob("gpu-operator-*.tgz")).read_bytes()
-
-
-def with_real_operator(node_lab, release: matrix.Release) -> list[str]:
-    """The bundle's GPU Operator made real: doubles first (every planned image and the chart),
-    then the real chart and the images built from source, with the hardware's doubles, over
-    them. Returns every planned image ref."""
-    images = add_to_bundle(node_lab.bundle, node_lab.inventory, node_lab.helm)
-    bundle = Bundle(node_lab.bundle)
-    name, artifacts = bundle.read_manifest()
-    planned_chart = next(a for a in artifacts if a.kind == "chart" and "gpu-operator" in a.ref)
-    with tempfile.TemporaryDirectory() as tmp:
-        version, archive = real_chart(node_lab.helm, release, Path(tmp))
-    chart = chart_artifact(bundle, PlannedChart("gpu_operator", planned_chart.ref.split("(")[-1].rstrip(")"),
-                                                "gpu-operator", version), archive)
-    real = [chart, *gpu_operands.images(bundle, release)]
-    replaced = {a.ref for a in real}
-    bundle.write_manifest(name, [a for a in artifacts if a.ref not in replaced] + real)
-    return images
-
-
-def keep(out: Path, info: dict) -> None:
-    """What the cluster showed, for whoever reads a failure."""
-    base = [str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "--request-timeout=20s"]
-    for label, args in {
-        "clusterpolicy": ["get", "clusterpolicies.nvidia.com", "-o", "yaml"],
-        "nodes": ["get", "nodes", "-o", "yaml"],
-        "workloads": ["get", "ds,deploy,pods,jobs", "-A", "-o", "wide"],
-        "events": ["get", "events", "-A", "--sort-by=.lastTimestamp"],
-        "operator-log": ["-n", "gpu-operator", "logs", "deploy/gpu-operator", "--tail=400"],
-    }.items():
-        done = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
-        (out / f"{label}.txt").write_text(done.stdout + done.stderr)
-    names = subprocess.run([*base, "-n", "gpu-operator", "get", "pods", "-o", "name"], capture_output=True,
-                           text=True, timeout=60).stdout.split()
-    for pod in names:
-        done = subprocess.run([*base, "-n", "gpu-operator", "logs", pod, "--all-containers", "--tail=100"],
-                              capture_output=True, text=True, timeout=60)
-        (out / f"log-{pod.split('/')[-1]}.txt").write_text(done.stdout + done.stderr)
-
-
 @pytest.fixture
 def gpu_cluster(reused, lab_required, tmp_path, monkeypatch, capsys):
     release = matrix.load(SPEC.release)
@@ -178,21 +112,16 @@ def gpu_cluster(reused, lab_required, tmp_path, monkeypatch, capsys):
         copied = subprocess.run(["podman", "cp", str(tree), f"{container_name(NAME, SHARED_NODE)}:{DOUBLE_ROOT}"],
                                 capture_output=True, text=True)
         assert copied.returncode == 0, copied.stderr
-        images = with_real_operator(node_lab, release)
+        images = real_gpu_operator.into_bundle(node_lab, release)
         mirror = node_lab.start_mirror()
-        # The preinstalled driver is hardware: its double, which the real validator runs through chroot /host.
-        for node, gpus in HARDWARE.items():
-            ssh(node_lab.info(), node, f"mkdir -p {Path(FEATURES).parent} && printf '{DOUBLE_FEATURES}' > {FEATURES}")
-            for path, content, mode in gpu_operands.driver_files(gpus):
-                ssh(node_lab.info(), node, f"mkdir -p {Path(path).parent} && cat > {path} && chmod {mode:o} {path}",
-                    stdin=content)
+        real_gpu_operator.declare_hardware(node_lab.info(), HARDWARE)
         out = tmp_path / "seen"
         out.mkdir()
         info = node_lab.info(images=images, mirror=mirror, release=release, out=out)
         try:
             yield info
         finally:
-            keep(out, info)
+            real_gpu_operator.keep(out, info)
 
 
 def changes(info) -> dict[str, int]:
