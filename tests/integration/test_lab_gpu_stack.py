@@ -285,8 +285,10 @@ def test_the_real_gpu_operator_installs_from_the_mirror_and_the_nodes_advertise_
     while get(info, "clusterpolicies.nvidia.com")[0]["status"]["state"] != "notReady":
         assert time.monotonic() < deadline, f"the real operator did not see the broken operand {seen}"
         time.sleep(5)
+    # The test's patience, not the product's: the wait, and the gate's smoke Job that cannot be
+    # scheduled on the broken node.
     data = yaml.safe_load(info["inventory"].read_text())
-    data["all"]["vars"]["gpu_operator_ready_timeout"] = 60
+    data["all"]["vars"].update(gpu_operator_ready_timeout=60, validate_timeout=45)
     info["inventory"].write_text(yaml.safe_dump(data, sort_keys=False))
     assert force_gpu_operator(info) != 0
     stopped = said(capsys)
