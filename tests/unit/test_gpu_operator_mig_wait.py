@@ -1,11 +1,12 @@
-"""The GPU Operator phase waits for the MIG manager's layouts (roles/gpu_operator/tasks/ready.yml):
-NVIDIA's operator says its ClusterPolicy is ready before the MIG manager has applied a node's
-layout (seen with the real operator v26.7.0 in the lab: the MIG manager pauses the device
-plugin, GFD and DCGM only after their first start), and a layout that failed leaves the node
-without MIG devices while the policy still says ready. The block runs under the real
-ansible-playbook with the role's own vars against a kubectl double that answers as kubectl does
-for `get nodes -l nvidia.com/mig.config -o jsonpath=...` (the lab found that kubectl takes no
-comma-separated names and answers one named node as the object, not a list)."""
+"""The GPU Operator phase waits for the MIG manager's layouts (roles/gpu_operator/tasks/ready.yml).
+The ClusterPolicy's readiness does not include them: the MIG manager's DaemonSet is ready once
+its pod runs, and its reconfigure (NVIDIA/mig-parted v0.15.0, pkg/mig/reconfigure) reports only
+through the node's nvidia.com/mig.config.state; a layout that failed sets it to failed and gives
+the GPU clients back, so the node has no MIG devices while the policy still says ready. The
+block runs under the real ansible-playbook with the role's own vars against a kubectl double
+that answers as kubectl does for `get nodes -l nvidia.com/mig.config -o jsonpath=...` (the lab
+found that kubectl takes no comma-separated names and answers one named node as the object,
+not a list)."""
 from __future__ import annotations
 
 import json
