@@ -89,6 +89,14 @@ def test_a_failed_layout_stops_the_wait_at_once_naming_the_node_its_layout_and_w
     assert "app=nvidia-mig-manager --field-selector spec.nodeName=h100-02" in said and "h100-01:" not in said
 
 
+def test_another_node_s_failed_layout_does_not_stop_the_wait_for_gpuboot_s(tmp_path):
+    # a100-09 has the operator's all-disabled label, not a layout of gpuboot's.
+    done, calls = run(tmp_path, [{"a100-09": "failed", "h100-01": "pending", "h100-02": "success"},
+                                 {"a100-09": "failed", "h100-01": "success", "h100-02": "success"}])
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert calls == 2
+
+
 def test_a_layout_never_applied_is_named_after_the_timeout(tmp_path):
     done, calls = run(tmp_path, [{"h100-01": "success", "h100-02": ""}])
     assert done.returncode != 0
