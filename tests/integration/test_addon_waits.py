@@ -70,7 +70,8 @@ def test_gpu_operator_wait_passes_when_ready_and_names_the_state_otherwise(api, 
     api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
                                                        "metadata": {"name": "cluster-policy"}, "spec": {}}))
     variables = {"gpu_operator_kubeconfig": str(api.kubeconfig), "gpu_operator_ready_timeout": 5,
-                 "gpu_operator_plan": {"nodes": {"gpu01": {}, "gpu02": {}}}}
+                 # gpuboot_gpu's shape: every node carries its labels (none asks for a MIG layout here)
+                 "gpu_operator_plan": {"nodes": {"gpu01": {"labels": {}}, "gpu02": {"labels": {}}}}}
 
     def ready(reason: str) -> dict:
         return {"state": "ready", "conditions": [{"type": "Ready", "status": "True", "reason": reason, "message": "",

@@ -102,7 +102,9 @@ def test_a_layout_never_applied_is_named_after_the_timeout(tmp_path):
     assert "h100-02: nvidia.com/mig.config=all-3g.40gb, state not set" in done.stdout, done.stdout[-3000:]
 
 
-def test_no_mig_node_no_wait(tmp_path):
-    done, calls = run(tmp_path, [{}], plan={"nodes": {"l40s-01": PLAN["nodes"]["l40s-01"]}})
+@pytest.mark.parametrize("nodes", [{"l40s-01": PLAN["nodes"]["l40s-01"]}, {"gpu01": {}, "gpu02": {"labels": {}}}],
+                         ids=["time-sliced only", "nodes given no labels"])
+def test_no_mig_node_no_wait(tmp_path, nodes):
+    done, calls = run(tmp_path, [{}], plan={"nodes": nodes})
     assert done.returncode == 0, done.stdout[-3000:]
     assert calls == 0
