@@ -63,7 +63,8 @@ CX7 = {"vendor": "15b3", "deviceID": "1021", "driver": "mlx5_core", "totalvfs": 
 # Ports outside every group: ConnectX-6 Dx, else ConnectX-5, whichever no group selects.
 OTHER_DEVICES = ("101d", "1017")
 NAD_CRD = "deployment/sriov-network-operator-chart/crds/k8s.cni.cncf.io_networkattachmentdefinitions_crd.yaml"
-SETTLE_S = 60
+# Each step takes seconds alone; a CI lane beside a cluster lab can make it a minute.
+SETTLE_S = 150
 KINDS = ("sriovnetworknodepolicies,sriovnetworknodestates,sriovnetworkpoolconfigs,sriovnetworks,"
          "sriovibnetworks,sriovoperatorconfigs,nodes")
 SRIOV_IMAGES = ("sriovConfigDaemon", "sriovDevicePlugin", "sriovCni", "ibSriovCni", "ovsCni", "rdmaCni")
