@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,21 @@ def chart_env(objects: list[dict], name: str) -> dict[str, str]:
     deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == name)
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+
+
+@contextmanager
+def controller(binary: Path, env: dict[str, str], cwd: Path, log: Path):
+    """A controller binary run as its Deployment runs it, with `env`, on loopback ports for its
+    metrics and probes, its output in `log`; stopped on leaving."""
+    with log.open("w") as out:
+        process = subprocess.Popen([str(binary), "--metrics-bind-address", "127.0.0.1:0",
+                                    "--health-probe-bind-address", "127.0.0.1:0"],
+                                   env=dict(os.environ, **env), stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+        try:
+            yield process
+        finally:
+            process.terminate()
+            process.wait(30)
 
 
 def deployed(api: ApiServer, namespace: str, seconds: float) -> tuple[dict[str, set[str]], dict[str, dict]]:
@@ -183,15 +199,8 @@ def test_the_real_network_operator_deploys_what_the_mirror_plan_lists(case, oper
                                             "POD_NAMESPACE": namespace, "KUBECONFIG": str(api.kubeconfig),
                                             "ENABLE_WEBHOOKS": "false"}
     log = tmp_path / "operator.log"
-    with log.open("w") as out:
-        operator = subprocess.Popen([str(binary), "--metrics-bind-address", "127.0.0.1:0",
-                                     "--health-probe-bind-address", "127.0.0.1:0"],
-                                    env=dict(os.environ, **env), stdout=out, stderr=subprocess.STDOUT, cwd=image_root)
-        try:
-            seen, workloads = deployed(api, namespace, SETTLE_S)
-        finally:
-            operator.terminate()
-            operator.wait(30)
+    with controller(binary, env, image_root, log):
+        seen, workloads = deployed(api, namespace, SETTLE_S)
     assert seen, f"{case}: the operator deployed nothing in {SETTLE_S} s; see {log}:\n{log.read_text()[-3000:]}"
 
     # The DOCA driver is named by the mirror: the plan holds it under its upstream name.

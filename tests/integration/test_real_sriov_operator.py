@@ -30,7 +30,6 @@ real NIC's."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -46,7 +45,7 @@ from gpuboot_lab.operators import OperatorBuild, OperatorImage
 from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 from tests.integration import test_real_gpu_operator
 from tests.integration.test_addon_objects_dry_run import apply_node, render_through_real_chart
-from tests.integration.test_real_network_operator import CASES, MOFED_WAIT, chart_env
+from tests.integration.test_real_network_operator import CASES, MOFED_WAIT, chart_env, controller
 from tests.support.apiserver import ApiServer
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -277,11 +276,8 @@ def test_the_real_sriov_operator_takes_gpubootss_policies_as_planned(case, opera
         "NAMESPACE": namespace, "WATCH_NAMESPACE": namespace, "POD_NAME": "sriov-network-operator-0",
         "NODE_NAME": sorted(fabric)[0], "KUBECONFIG": str(api.kubeconfig)}
     log = tmp_path / "sriov-operator.log"
-    with log.open("w") as out:
-        process = subprocess.Popen([str(binary), "--metrics-bind-address", "127.0.0.1:0",
-                                    "--health-probe-bind-address", "127.0.0.1:0"],
-                                   env=dict(os.environ, **env), stdout=out, stderr=subprocess.STDOUT, cwd=image_root)
-        try:
+    try:
+        with controller(binary, env, image_root, log):
             def all_states():
                 found = node_states(api, namespace)
                 return found if set(found) >= fabric else None
@@ -316,13 +312,11 @@ def test_the_real_sriov_operator_takes_gpubootss_policies_as_planned(case, opera
             deployed = wait("deployed the config daemon", lambda: images_in(api, namespace) or None, SETTLE_S, log)
             nads = wait("wrote a NetworkAttachmentDefinition for every network", all_nads, SETTLE_S, log) \
                 if networks else []
-        finally:
-            process.terminate()
-            process.wait(30)
-            # What the API server held, kept beside the operator's log.
-            (tmp_path / "seen.yaml").write_text(api.kubectl(
-                "get", "nodes,sriovoperatorconfigs,sriovnetworknodepolicies,sriovnetworknodestates,configmaps,"
-                "daemonsets", "-A", "-o", "yaml", check=False).stdout)
+    finally:
+        # What the API server held, kept beside the operator's log.
+        (tmp_path / "seen.yaml").write_text(api.kubectl(
+            "get", "nodes,sriovoperatorconfigs,sriovnetworknodepolicies,sriovnetworknodestates,configmaps,"
+            "daemonsets", "-A", "-o", "yaml", check=False).stdout)
 
     # Each node's spec: every declared port of its SR-IOV groups, as the policy says, and no other.
     policies = {p["group"]: p for p in plan["sriov_policies"]}
