@@ -18,9 +18,9 @@ What the operator then deploys is held against gpuboot:
   (the DOCA driver has one per kernel) select each of them, and no node outside the fabric.
 
 No kubelet runs here, so no operand pod exists: readiness, the VFs and the RDMA bandwidth test
-are the lab's (with doubles) and a real NIC's. The SR-IOV operator's operands are its own
-(sriov-network-operator, not built here). Skipped, naming what to bring, without the source
-tree."""
+are the lab's (with doubles) and a real NIC's. The SR-IOV operator's operands are its own, and
+test_real_sriov_operator.py runs that operator. Skipped, naming what to bring, without the
+source tree."""
 from __future__ import annotations
 
 import json
