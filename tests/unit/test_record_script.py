@@ -6,6 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from tests.bench.lanes import REUSE_MARK
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".ci" / "record"
 
@@ -18,9 +20,10 @@ def default_modules(script: str) -> list[str]:
 
 
 def reused_modules(root: Path = ROOT) -> set[str]:
-    """The integration modules whose passes tests/support/reuse.py records."""
+    """The integration modules whose passes tests/support/reuse.py records, found as the lane
+    split finds them."""
     return {path.name for path in (root / "tests" / "integration").glob("test_*.py")
-            if "reuse_module(" in path.read_text()}
+            if REUSE_MARK in path.read_text()}
 
 
 def test_it_records_every_module_that_opts_in_to_reuse_once():
