@@ -1,0 +1,286 @@
+"""NVIDIA's real GPU Operator with its operands' pods (issue 29, points 3 and 4): the operator
+built from its source tree at the tag the release pins (as test_real_gpu_operator.py runs it)
+on a real API server where the real DaemonSet controller and scheduler make and bind the pods
+of the DaemonSets it deploys, and a TEST DOUBLE of the nodes' kubelets (kubelet_double.py)
+reports them running, or one container crashing. gpuboot's values go through the real chart
+and are applied as the phase applies them. Held against gpuboot:
+- readiness: the ClusterPolicy status the real operator writes passes the phase's wait
+  (roles/gpu_operator/tasks/ready.yml) and validate's operand check; one operand that cannot
+  start on one node makes the operator say notReady, and both name that node, pod and reason;
+- the driver upgrade: the operator's upgrade controller (k8s-operator-libs' state machine)
+  moves each node's driver after the ClusterPolicy names the release's, walking the documented
+  states one node at a time, and the phase's wait (gpuboot_driver_upgrade) follows it to the
+  end; a driver that cannot load makes the controller mark its node upgrade-failed, and the
+  wait stops there, naming it.
+
+The case: tests/corpus/gpu/time_slicing (three nodes, drivers built on the nodes), started at
+the driver the previous release pins. The upgrade controller does not watch pods: after it
+restarts a node's driver it looks again on its own two-minute requeue, so each node takes
+about two minutes, as in a real cluster. Skipped, naming what to bring, without the source
+tree, root or unshare."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from gpuboot import matrix
+from gpuboot.upgrade import driver_changes
+from tests.integration.kubelet_double import BROKEN, KubeletDouble, api_with_pod_controllers, ready_node
+from tests.integration.test_addon_objects_dry_run import render_through_real_chart
+from tests.integration.test_addon_waits import wait as addon_wait
+from tests.integration.test_gpu_driver_upgrade import follow
+from tests.integration.test_real_gpu_operator import chart_env, gpu_nodes, mount_point, operator_image  # noqa: F401
+from tests.support.apiserver import ApiServer
+from tests.support.modules import load_module
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+CASE = ROOT / "tests" / "corpus" / "gpu" / "time_slicing" / "inventory.yml"
+FROM_RELEASE = "k8s-1.35"  # the release before the case's: its driver is what the nodes run first
+NAMESPACE = "gpu-operator"
+STATE = "nvidia.com/gpu-driver-upgrade-state"
+# The states k8s-operator-libs walks a node through, in order; drain-required is passed over
+# when the policy asks for no drain, as gpuboot's does not.
+WALK = ["upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-deletion-required",
+        "pod-restart-required", "validation-required", "uncordon-required", "upgrade-done"]
+
+
+class StateWatch:
+    """Every upgrade state each node's label takes, in order, from a watch on the Nodes (a
+    poll would miss the states the controller passes within one reconcile), and the most nodes
+    in flight (cordoned for their upgrade, up to uncordon) at once."""
+
+    def __init__(self, api: ApiServer, nodes: list[str]):
+        self.nodes = nodes
+        self.history: dict[str, list[str]] = defaultdict(list)
+        self.most_in_flight = 0
+        self._process = subprocess.Popen(
+            [str(api.bin_dir / "kubectl"), "--kubeconfig", str(api.kubeconfig), "get", "nodes", "--watch", "-o", "json"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def __enter__(self) -> StateWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._process.terminate()
+        self._process.wait(10)
+        self._thread.join(10)
+
+    def _read(self) -> None:
+        decoder, buffer, now = json.JSONDecoder(), "", {}
+        for line in self._process.stdout:
+            buffer += line
+            try:
+                node, end = decoder.raw_decode(buffer.lstrip())
+            except ValueError:
+                continue  # an object not yet whole
+            buffer = buffer.lstrip()[end:]
+            name = node["metadata"]["name"]
+            state = (node["metadata"].get("labels") or {}).get(STATE, "")
+            if name in self.nodes and state and (not self.history[name] or self.history[name][-1] != state):
+                self.history[name].append(state)
+            now[name] = state
+            self.most_in_flight = max(self.most_in_flight, sum(s in WALK[1:-1] for s in now.values()))
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    with api_with_pod_controllers(tmp_path_factory.mktemp("operator-pods-api")) as server:
+        yield server
+
+
+def with_driver(policy: dict, version: str) -> dict:
+    changed = json.loads(json.dumps(policy))
+    changed["spec"]["driver"]["version"] = version
+    return changed
+
+
+def apply_policy(api: ApiServer, policy: dict) -> None:
+    """As the phase applies it: server-side, as gpuboot."""
+    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=json.dumps(policy))
+
+
+def driver_pods(api: ApiServer) -> dict[str, dict]:
+    pods = json.loads(api.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app=nvidia-driver-daemonset",
+                                  "-o", "json").stdout)["items"]
+    return {p["spec"]["nodeName"]: p for p in pods if p["spec"].get("nodeName") and not p["metadata"].get(
+        "deletionTimestamp")}
+
+
+def wait_until(what: str, check, timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(2)
+    pytest.fail(f"not within {timeout:.0f} s: {what}; the operator's log {log}:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def operator_lab(operator_image, mount_point, api, helm, tmp_path):  # noqa: F811 (fixtures by name)
+    """The case rendered through the real chart and applied as the phase applies it, its GPU
+    nodes Ready, the operator reconciling and the nodes' drivers at the previous release's,
+    upgrade-done. Yields (cluster, the ClusterPolicy, the operator's log, the kubelets)."""
+    binary, opt = operator_image
+    rendered = render_through_real_chart(CASE, "gpu-operator", "gpu_operator", helm, tmp_path)
+    cluster, addon, objects = rendered.cluster, rendered.addon, rendered.objects
+    api.apply_crds(objects)
+    api.clean_slate(NAMESPACE, "clusterpolicies.nvidia.com,nvidiadrivers.nvidia.com,nodes", addon / "namespace.yaml")
+    for name, labels in gpu_nodes(cluster).items():
+        ready_node(api, name, labels)
+    for file in ("device-plugin-config.yaml", "mig-parted-config.yaml", "node-labels.yaml"):
+        if (addon / file).is_file():
+            api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / file))
+    policy = next(o for o in objects if o["kind"] == "ClusterPolicy")
+    previous = str(matrix.load(FROM_RELEASE).model_extra["gpu_operator"]["driver_version"])
+    apply_policy(api, with_driver(policy, previous))
+
+    log = tmp_path / "operator.log"
+    with log.open("w") as out, KubeletDouble(api, NAMESPACE) as kubelets:
+        operator = subprocess.Popen(
+            ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /opt/gpu-operator && shift && exec "$@"', str(opt),
+             "x", str(binary), "-kubeconfig", str(api.kubeconfig), "-metrics-bind-address", "127.0.0.1:0",
+             "-health-probe-bind-address", "127.0.0.1:0"],
+            env=dict(os.environ, **chart_env(objects), OPERATOR_NAMESPACE=NAMESPACE), stdout=out,
+            stderr=subprocess.STDOUT)
+        try:
+            nodes = sorted(cluster.gpu_plan.nodes)
+
+            def settled() -> bool:
+                pods = driver_pods(api)
+                states = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(STATE)
+                          for n in json.loads(api.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
+                return all(name in pods and previous in pods[name]["spec"]["containers"][0]["image"]
+                           and states.get(name) == "upgrade-done" for name in nodes)
+
+            # The first reconcile deploys; the upgrade controller marks in-sync nodes done.
+            wait_until(f"every node's driver at {previous}, upgrade-done", settled, 300, log)
+            yield cluster, policy, log, kubelets
+        finally:
+            operator.terminate()
+            operator.wait(30)
+            # The next case deletes the namespace: its pods go while the kubelets still answer.
+            api.kubectl("delete", "daemonsets", "-n", NAMESPACE, "--all", "--wait=false")
+            wait_until("the operands' pods gone", lambda: not json.loads(api.kubectl(
+                "get", "pods", "-n", NAMESPACE, "-o", "json").stdout)["items"], 120, log)
+    assert not kubelets.errors, kubelets.errors
+
+
+def policy_state(api: ApiServer) -> str:
+    got = api.kubectl("get", "clusterpolicies.nvidia.com", "cluster-policy", "-o", "jsonpath={.status.state}", check=False)
+    return got.stdout.strip()
+
+
+def test_the_real_operators_readiness_is_what_the_phase_waits_for_and_a_broken_operand_is_named(
+        operator_lab, api, tmp_path, monkeypatch):
+    cluster, _, log, kubelets = operator_lab
+    plan = cluster.gpu_plan.as_data()
+    variables = {"gpu_operator_kubeconfig": str(api.kubeconfig), "gpu_operator_plan": plan,
+                 "gpu_operator_ready_timeout": 120}
+    ok = addon_wait(api, tmp_path, "gpu_operator", variables)
+    assert ok.returncode == 0, f"{ok.stdout[-3000:]}\noperator: {log.read_text()[-3000:]}"
+    monkeypatch.setenv("PATH", f"{api.bin_dir}:{os.environ['PATH']}")
+    check = load_module("gpuboot_cluster_check")
+    rows = check.check_operator(check.Kube(str(api.kubeconfig)), NAMESPACE, plan["nodes"])
+    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+
+    # The device plugin cannot start on one node: the operator, seeing its DaemonSet one short,
+    # says notReady, and gpuboot names the node, the pod and why.
+    victim = sorted(plan["nodes"])[1]
+    kubelets.crashing = lambda pod, c: pod["spec"]["nodeName"] == victim and c["name"] == "nvidia-device-plugin"
+    deadline = time.monotonic() + 120
+    while policy_state(api) == "ready" and time.monotonic() < deadline:
+        time.sleep(2)
+    assert policy_state(api) == "notReady", f"the operator still says {policy_state(api)!r}; see {log}"
+    short = addon_wait(api, tmp_path, "gpu_operator", variables | {"gpu_operator_ready_timeout": 10})
+    said = " ".join(short.stdout.split())
+    # The real operator's Ready condition then gives the reason Error.
+    assert short.returncode != 0 and "ClusterPolicy is notReady Error after 10 s" in said, short.stdout[-3000:]
+    assert f"- {victim}: nvidia-device-plugin-daemonset-" in said and "CrashLoopBackOff" in said, short.stdout[-3000:]
+    assert "- nvidia-device-plugin-daemonset: 3 wanted, 3 updated, 2 ready" in said, short.stdout[-3000:]
+    failing = [r for r in check.check_operator(check.Kube(str(api.kubeconfig)), NAMESPACE, plan["nodes"])
+               if not r["ok"]]
+    assert {(r["node"], r["check"]) for r in failing} == {("-", "ClusterPolicy"),
+                                                           (victim, "operand nvidia-device-plugin-daemonset")}, failing
+    assert any("CrashLoopBackOff" in r["reason"] for r in failing), failing
+
+
+def gpuboot_fields(api: ApiServer, node: str) -> str:
+    """What gpuboot owns of a Node, as server-side apply records it (its node labels)."""
+    shown = json.loads(api.kubectl("get", "node", node, "-o", "json", "--show-managed-fields").stdout)
+    return json.dumps([m.get("fieldsV1", {}) for m in shown["metadata"].get("managedFields", [])
+                       if m["manager"] == "gpuboot"])
+
+
+def test_the_real_upgrade_controller_moves_every_driver_and_the_phase_follows_it(operator_lab, api, tmp_path):
+    cluster, policy, log, _ = operator_lab
+    changes = driver_changes(cluster, matrix.load(FROM_RELEASE), matrix.load(cluster.settings.release))
+    wanted = {c.node: c.to_tag for c in changes}
+    assert sorted(wanted) == sorted(cluster.gpu_plan.nodes), "every node's built driver moves with the release"
+    target = str(policy["spec"]["driver"]["version"])
+    # An operator holds one node back with NVIDIA's skip label: it keeps its driver, and is reported.
+    held = sorted(wanted)[-1]
+    api.kubectl("label", "node", held, "nvidia.com/gpu-driver-upgrade.skip=true")
+    old_image = driver_pods(api)[held]["spec"]["containers"][0]["image"]
+    with StateWatch(api, sorted(wanted)) as watch:
+        apply_policy(api, policy)  # what the phase's apply does: this release's values
+        followed = follow(api, tmp_path, NAMESPACE, wanted, timeout=240 * len(wanted))
+    assert followed.returncode == 0, f"{followed.stdout[-4000:]}\noperator: {log.read_text()[-3000:]}"
+
+    pods = driver_pods(api)
+    nodes = {n["metadata"]["name"]: n for n in json.loads(api.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
+    report = json.loads((tmp_path / "followed.json").read_text())
+    for name, tag in sorted(wanted.items()):
+        assert tag == target
+        if name == held:
+            continue
+        image = pods[name]["spec"]["containers"][0]["image"]
+        assert image.rsplit(":", 1)[1].startswith(f"{target}-"), (name, image)
+        assert nodes[name]["metadata"]["labels"][STATE] == "upgrade-done"
+        assert not nodes[name]["spec"].get("unschedulable"), f"{name} left cordoned"
+        # The real controller walked each node from done through the documented states, in
+        # order, once (no drain: gpuboot's policy asks for none), and uncordoned it.
+        assert watch.history[name] == ["upgrade-done", *WALK], (name, watch.history[name])
+        assert report["nodes"][name]["verdict"] == "done", report["nodes"][name]
+        # gpuboot owns its node labels (the phase's node-labels.yaml), never cordon or upgrade state.
+        owned = gpuboot_fields(api, name)
+        assert "f:unschedulable" not in owned and STATE not in owned, owned
+    assert pods[held]["spec"]["containers"][0]["image"] == old_image, "the held node keeps its driver"
+    # NVIDIA's controller marks the held node upgrade-required and leaves it there, uncordoned.
+    assert watch.history[held] == ["upgrade-done", "upgrade-required"], watch.history[held]
+    assert not nodes[held]["spec"].get("unschedulable")
+    assert report["left_alone"] == [held], report
+    max_parallel = policy["spec"]["driver"]["upgradePolicy"]["maxParallelUpgrades"]
+    assert 1 <= watch.most_in_flight <= max_parallel, (watch.most_in_flight, max_parallel)
+
+
+def test_a_driver_that_cannot_load_stops_the_phase_naming_the_node(operator_lab, api, tmp_path):
+    cluster, policy, log, _ = operator_lab
+    wanted = {c.node: c.to_tag for c in driver_changes(cluster, matrix.load(FROM_RELEASE),
+                                                       matrix.load(cluster.settings.release))}
+    broken = with_driver(policy, f"{policy['spec']['driver']['version']}-{BROKEN}")
+    apply_policy(api, broken)
+    started = time.monotonic()
+    # What the phase's apply does, with a driver no node can load.
+    followed = follow(api, tmp_path, NAMESPACE, {n: f"{t}-{BROKEN}" for n, t in wanted.items()},
+                      timeout=240 * len(wanted))
+    assert followed.returncode != 0, followed.stdout[-4000:]
+    said = followed.stdout
+    assert "the GPU Operator's driver upgrade failed on" in said, f"{said[-4000:]}\noperator: {log.read_text()[-3000:]}"
+    failed = [name for name in wanted if f"{name}: {STATE}=upgrade-failed" in said]
+    assert failed, said[-4000:]
+    assert "driver pod nvidia-driver-daemonset-" in said and "CrashLoopBackOff" in said, said[-4000:]
+    node = json.loads(api.kubectl("get", "node", failed[0], "-o", "json").stdout)
+    assert node["metadata"]["labels"][STATE] == "upgrade-failed"
+    assert node["spec"].get("unschedulable") is True, "the operator leaves the failed node cordoned"
+    assert time.monotonic() - started < 240 * len(wanted), "the wait stopped at the failure, not at its timeout"
