@@ -27,7 +27,31 @@ def crashes_if_broken(pod: dict, container: dict) -> bool:  # noqa: ARG001 (a ru
     return BROKEN in container["image"]
 
 
-class KubeletDouble:
+class Background:
+    """Runs `_run` on a daemon thread between entering and leaving; `_stop` is set on leaving
+    and `_halt` then ends what the thread waits on."""
+
+    def __init__(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._halt()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _halt(self) -> None:
+        """Nothing by default: a loop that waits on `_stop` ends by itself."""
+
+
+class KubeletDouble(Background):
     """TEST DOUBLE of the nodes' kubelets, for the pods of one namespace. Each pod the scheduler
     bound is reported as its kubelet reports it once its containers run (Running, init
     containers completed, every container ready), and a deleted one is removed as a kubelet
@@ -39,21 +63,12 @@ class KubeletDouble:
 
     def __init__(self, api: ApiServer, namespace: str,
                  crashing: Callable[[dict, dict], bool] = crashes_if_broken):
+        super().__init__()
         self.api, self.namespace, self.crashing = api, namespace, crashing
         self.errors: list[str] = []
         self._reported: dict[str, str] = {}  # pod uid -> the status last written, as JSON
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> KubeletDouble:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def _loop(self) -> None:
+    def _run(self) -> None:
         while not self._stop.wait(0.5):
             got = self.api.kubectl("get", "pods", "-n", self.namespace, "-o", "json", check=False)
             if got.returncode != 0:
@@ -147,3 +162,14 @@ def ready_node(api: ApiServer, name: str, labels: dict[str, str]) -> None:
     # once the node says Ready. That controller would also take these nodes for dead (no kubelet
     # renews their lease), so its one effect wanted here is had by hand.
     api.kubectl("taint", "node", name, "node.kubernetes.io/not-ready:NoSchedule-")
+
+
+def operator_says_not_ready(kubelets: KubeletDouble, crashing: Callable[[dict, dict], bool],
+                            state: Callable[[], str], log: Path, timeout: float = 120) -> None:
+    """Make the kubelets report the containers `crashing` picks as crashing, and wait for the
+    operator to say so: its policy's state (`state()`) leaves ready for notReady."""
+    kubelets.crashing = crashing
+    deadline = time.monotonic() + timeout
+    while state() == "ready" and time.monotonic() < deadline:
+        time.sleep(2)
+    assert state() == "notReady", f"the operator still says {state()!r} after {timeout:.0f} s; see {log}"

@@ -139,6 +139,16 @@ def chart_env(objects: list[dict]) -> dict[str, str]:
     return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
 
 
+def start_operator(binary: Path, opt: Path, api: ApiServer, objects: list[dict], out) -> subprocess.Popen:
+    """The operator as its Deployment runs it: the chart's environment, its operand manifests
+    at /opt/gpu-operator (bound there in a mount namespace of its own), output to `out`."""
+    return subprocess.Popen(
+        ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /opt/gpu-operator && shift && exec "$@"', str(opt),
+         "x", str(binary), "-kubeconfig", str(api.kubeconfig), "-metrics-bind-address", "127.0.0.1:0",
+         "-health-probe-bind-address", "127.0.0.1:0"],
+        env=dict(os.environ, **chart_env(objects), OPERATOR_NAMESPACE=NAMESPACE), stdout=out, stderr=subprocess.STDOUT)
+
+
 def deployed_images(api: ApiServer, seconds: float) -> tuple[dict[str, set[str]], list[dict]]:
     """image -> where, over `seconds` of reconciling, and every DaemonSet seen. (With no kubelet
     a precompiled driver's DaemonSet schedules nothing, so the operator deletes it as unused
@@ -189,12 +199,7 @@ def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_ima
 
     log = tmp_path / "operator.log"
     with log.open("w") as out:
-        operator = subprocess.Popen(
-            ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /opt/gpu-operator && shift && exec "$@"', str(opt),
-             "x", str(binary), "-kubeconfig", str(api.kubeconfig), "-metrics-bind-address", "127.0.0.1:0",
-             "-health-probe-bind-address", "127.0.0.1:0"],
-            env=dict(os.environ, **chart_env(objects), OPERATOR_NAMESPACE=NAMESPACE), stdout=out,
-            stderr=subprocess.STDOUT)
+        operator = start_operator(binary, opt, api, objects, out)
         try:
             seen, daemonsets = deployed_images(api, SETTLE_S)
         finally:

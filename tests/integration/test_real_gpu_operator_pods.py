@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -32,11 +31,11 @@ import pytest
 
 from gpuboot import matrix
 from gpuboot.upgrade import driver_changes
-from tests.integration.kubelet_double import BROKEN, KubeletDouble, api_with_pod_controllers, ready_node
+from tests.integration.kubelet_double import BROKEN, Background, KubeletDouble, api_with_pod_controllers, operator_says_not_ready, ready_node
 from tests.integration.test_addon_objects_dry_run import render_through_real_chart
 from tests.integration.test_addon_waits import wait as addon_wait
 from tests.integration.test_gpu_driver_upgrade import follow
-from tests.integration.test_real_gpu_operator import chart_env, gpu_nodes, mount_point, operator_image  # noqa: F401
+from tests.integration.test_real_gpu_operator import gpu_nodes, mount_point, operator_image, start_operator  # noqa: F401
 from tests.support.apiserver import ApiServer
 from tests.support.modules import load_module
 
@@ -53,30 +52,25 @@ WALK = ["upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-de
         "pod-restart-required", "validation-required", "uncordon-required", "upgrade-done"]
 
 
-class StateWatch:
+class StateWatch(Background):
     """Every upgrade state each node's label takes, in order, from a watch on the Nodes (a
     poll would miss the states the controller passes within one reconcile), and the most nodes
     in flight (cordoned for their upgrade, up to uncordon) at once."""
 
     def __init__(self, api: ApiServer, nodes: list[str]):
+        super().__init__()
         self.nodes = nodes
         self.history: dict[str, list[str]] = defaultdict(list)
         self.most_in_flight = 0
         self._process = subprocess.Popen(
             [str(api.bin_dir / "kubectl"), "--kubeconfig", str(api.kubeconfig), "get", "nodes", "--watch", "-o", "json"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self._thread = threading.Thread(target=self._read, daemon=True)
 
-    def __enter__(self) -> StateWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
+    def _halt(self) -> None:
         self._process.terminate()
         self._process.wait(10)
-        self._thread.join(10)
 
-    def _read(self) -> None:
+    def _run(self) -> None:
         decoder, buffer, now = json.JSONDecoder(), "", {}
         for line in self._process.stdout:
             buffer += line
@@ -147,12 +141,7 @@ def operator_lab(operator_image, mount_point, api, helm, tmp_path):  # noqa: F81
 
     log = tmp_path / "operator.log"
     with log.open("w") as out, KubeletDouble(api, NAMESPACE) as kubelets:
-        operator = subprocess.Popen(
-            ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /opt/gpu-operator && shift && exec "$@"', str(opt),
-             "x", str(binary), "-kubeconfig", str(api.kubeconfig), "-metrics-bind-address", "127.0.0.1:0",
-             "-health-probe-bind-address", "127.0.0.1:0"],
-            env=dict(os.environ, **chart_env(objects), OPERATOR_NAMESPACE=NAMESPACE), stdout=out,
-            stderr=subprocess.STDOUT)
+        operator = start_operator(binary, opt, api, objects, out)
         try:
             nodes = sorted(cluster.gpu_plan.nodes)
 
@@ -197,11 +186,8 @@ def test_the_real_operators_readiness_is_what_the_phase_waits_for_and_a_broken_o
     # The device plugin cannot start on one node: the operator, seeing its DaemonSet one short,
     # says notReady, and gpuboot names the node, the pod and why.
     victim = sorted(plan["nodes"])[1]
-    kubelets.crashing = lambda pod, c: pod["spec"]["nodeName"] == victim and c["name"] == "nvidia-device-plugin"
-    deadline = time.monotonic() + 120
-    while policy_state(api) == "ready" and time.monotonic() < deadline:
-        time.sleep(2)
-    assert policy_state(api) == "notReady", f"the operator still says {policy_state(api)!r}; see {log}"
+    operator_says_not_ready(kubelets, lambda pod, c: pod["spec"]["nodeName"] == victim
+                            and c["name"] == "nvidia-device-plugin", lambda: policy_state(api), log)
     short = addon_wait(api, tmp_path, "gpu_operator", variables | {"gpu_operator_ready_timeout": 10})
     said = " ".join(short.stdout.split())
     # The real operator's Ready condition then gives the reason Error.

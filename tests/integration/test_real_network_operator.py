@@ -27,7 +27,9 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,7 +39,7 @@ from gpuboot.mirror.plan import Target, build
 from gpuboot.mirror.serve import ServeSpec, start
 from gpuboot.net import free_port
 from tests.integration import test_real_gpu_operator
-from tests.integration.test_addon_objects_dry_run import apply_node, render_through_real_chart
+from tests.integration.test_addon_objects_dry_run import ThroughRealChart, apply_node, render_through_real_chart
 from tests.integration.test_real_gpu_operator import built_image, nfd_labels
 from tests.support.apiserver import ApiServer
 from tests.support.mirror_fixture import IMAGE_CACHE
@@ -153,26 +155,33 @@ def selects(pod_spec: dict, labels: dict[str, str]) -> bool:
     return any(all(holds(e) for e in term.get("matchExpressions") or []) for term in required["nodeSelectorTerms"])
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_the_real_network_operator_deploys_what_the_mirror_plan_lists(case, operator_image, registry, api, helm,
-                                                                      tmp_path):
-    binary, image_root = operator_image
+@dataclass
+class AppliedAsThePhase:
+    """A case's Network Operator objects on the API server, as the phase applies them."""
+    rendered: ThroughRealChart
+    fabric: dict[str, dict[str, str]]  # fabric node -> NFD's labels
+    others: list[str]                  # nodes outside the fabric
+    planned: set[str]                  # the mirror plan's images for the component
+    registry: str                      # the loopback registry standing for the mirror
+
+
+def apply_as_the_phase(inventory: Path, api: ApiServer, helm: Path, tmp_path: Path, registry,
+                       make_node: Callable[[ApiServer, str, dict[str, str]], None]) -> AppliedAsThePhase:
+    """The case rendered through the real chart, its CRDs, a clean namespace, its fabric Nodes
+    (made by `make_node` with NFD's labels) and two outside it, gpuboot's node labels, the
+    mirror's login and CA, and the NicClusterPolicy pointed at the loopback registry, which
+    then holds exactly the DOCA tags the mirror plan lists."""
     mirror, layout = registry
-    rendered = render_through_real_chart(CASES[case], "network-operator", "network_operator", helm, tmp_path)
+    rendered = render_through_real_chart(inventory, "network-operator", "network_operator", helm, tmp_path)
     cluster, release, addon = rendered.cluster, rendered.release, rendered.addon
-    namespace, chart_name, objects = rendered.namespace, rendered.chart_name, rendered.objects
-    api.apply_crds(objects)
+    api.apply_crds(rendered.objects)
     # A clean slate per case: the operator's workloads, the policy and the Nodes of the last one.
-    api.clean_slate(namespace, "nicclusterpolicies.mellanox.com,nodes", addon / "namespace.yaml")
+    api.clean_slate(rendered.namespace, "nicclusterpolicies.mellanox.com,nodes", addon / "namespace.yaml")
     fabric = fabric_nodes(cluster)
     # Nodes outside the fabric too: the operator must leave them alone.
     others = [n.name for n in cluster.cluster_nodes if n.name not in fabric][:2]
     for name in [*fabric, *others]:
-        apply_node(api, name, fabric.get(name, {}))
-        # Admission taints a new Node not-ready until its kubelet reports Ready; the operator
-        # (as the DaemonSet controller) passes over a node it cannot schedule on. No kubelet
-        # runs here: the taint goes as the node lifecycle controller would take it off.
-        api.kubectl("taint", "nodes", name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
+        make_node(api, name, fabric.get(name, {}))
     api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / "node-labels.yaml"))
     # The mirror's login and CA, as the phase writes them (render shows where each comes from):
     # the loopback registry takes no login.
@@ -194,17 +203,40 @@ def test_the_real_network_operator_deploys_what_the_mirror_plan_lists(case, oper
     upstream_repository = doca["repository"].removeprefix(f"{registry_host}/") if registry_host else doca["repository"]
     doca["repository"] = f"{mirror.spec.listen}/{upstream_repository}"
     api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump(policy))
+    return AppliedAsThePhase(rendered, fabric, others, planned, mirror.spec.listen)
 
-    env = chart_env(objects, chart_name) | {"STATE_MANIFEST_BASE_DIR": str(image_root / "manifests"),
-                                            "POD_NAMESPACE": namespace, "KUBECONFIG": str(api.kubeconfig),
-                                            "ENABLE_WEBHOOKS": "false"}
+
+def operator_env(applied: AppliedAsThePhase, image_root: Path, api: ApiServer) -> dict[str, str]:
+    """The operator's environment: the real chart's, its state manifests from the same tag."""
+    rendered = applied.rendered
+    return chart_env(rendered.objects, rendered.chart_name) | {
+        "STATE_MANIFEST_BASE_DIR": str(image_root / "manifests"), "POD_NAMESPACE": rendered.namespace,
+        "KUBECONFIG": str(api.kubeconfig), "ENABLE_WEBHOOKS": "false"}
+
+
+def untainted_node(api: ApiServer, name: str, labels: dict[str, str]) -> None:
+    """A Node with NFD's labels. Admission taints a new Node not-ready until its kubelet reports
+    Ready; the operator (as the DaemonSet controller) passes over a node it cannot schedule on.
+    No kubelet runs here: the taint goes as the node lifecycle controller would take it off."""
+    apply_node(api, name, labels)
+    api.kubectl("taint", "nodes", name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_real_network_operator_deploys_what_the_mirror_plan_lists(case, operator_image, registry, api, helm,
+                                                                      tmp_path):
+    binary, image_root = operator_image
+    applied = apply_as_the_phase(CASES[case], api, helm, tmp_path, registry, untainted_node)
+    rendered, fabric, others, planned = applied.rendered, applied.fabric, applied.others, applied.planned
+    release, namespace = rendered.release, rendered.namespace
+    listen = applied.registry
     log = tmp_path / "operator.log"
-    with controller(binary, env, image_root, log):
+    with controller(binary, operator_env(applied, image_root, api), image_root, log):
         seen, workloads = deployed(api, namespace, SETTLE_S)
     assert seen, f"{case}: the operator deployed nothing in {SETTLE_S} s; see {log}:\n{log.read_text()[-3000:]}"
 
     # The DOCA driver is named by the mirror: the plan holds it under its upstream name.
-    upstream = {image: image.removeprefix(f"{mirror.spec.listen}/") for image in seen}
+    upstream = {image: image.removeprefix(f"{listen}/") for image in seen}
     operands = planned - {release.images["network_operator"][key] for key in NOT_DEPLOYED_BY_IT
                           if key in release.images["network_operator"]}
     unplanned = sorted(f"{image} ({', '.join(sorted(seen[image]))})" for image, name in upstream.items()

@@ -128,20 +128,10 @@ def test_group_vars_file_for_unknown_group_is_flagged(tmp_path):
 
 
 def test_check_files_reports_missing_secret_files(tmp_path):
-    inv = write(tmp_path, """\
-        all:
-          vars:
-            gpuboot:
-              cluster_name: c1
-              release: k8s-1.36
-              control_plane: {vip: 10.0.0.100}
-              ssh: {private_key_file: keys/missing}
-          children:
-            control_plane:
-              hosts:
-                cp1: {ansible_host: 10.0.0.11}
-        """)
-    load_cluster(inv)  # validate alone does not require the files
+    inv = write(tmp_path, ONE_CONTROL_PLANE.replace("control_plane: {vip: 10.0.0.100}}",
+                                                    "control_plane: {vip: 10.0.0.100}, "
+                                                    "ssh: {private_key_file: keys/missing}}"))
+    assert load_cluster(inv).settings.ssh.private_key_file == "keys/missing"  # validate alone needs no file
     with pytest.raises(InventoryError, match="keys/missing does not exist"):
         load_cluster(inv, check_files=True)
     (tmp_path / "keys").mkdir()
