@@ -25,9 +25,12 @@ import os
 import subprocess
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpuboot import matrix
 from gpuboot.upgrade import driver_changes
@@ -42,7 +45,9 @@ from tests.support.modules import load_module
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-CASE = ROOT / "tests" / "corpus" / "gpu" / "time_slicing" / "inventory.yml"
+# Drivers built on the nodes, in the ClusterPolicy; and driver kinds mixed across nodes, one
+# NVIDIADriver object per kind (precompiled, built on the node; a preinstalled one is the host's).
+CASES = {name: ROOT / "tests" / "corpus" / "gpu" / name / "inventory.yml" for name in ("time_slicing", "mixed_drivers")}
 FROM_RELEASE = "k8s-1.35"  # the release before the case's: its driver is what the nodes run first
 NAMESPACE = "gpu-operator"
 STATE = "nvidia.com/gpu-driver-upgrade-state"
@@ -93,19 +98,30 @@ def api(tmp_path_factory):
         yield server
 
 
-def with_driver(policy: dict, version: str) -> dict:
-    changed = json.loads(json.dumps(policy))
-    changed["spec"]["driver"]["version"] = version
+def driver_tag(release: str, kind: str) -> str:
+    """How a release's driver image tag starts for a kind: the version built on the node, the
+    branch of a precompiled one."""
+    gpu = matrix.load(release).model_extra["gpu_operator"]
+    return str(gpu["driver_branch" if kind == "precompiled" else "driver_version"])
+
+
+def with_drivers(objects: list[dict], tag: Callable[[str], str]) -> list[dict]:
+    """The ClusterPolicy, and the NVIDIADriver objects where nodes differ in driver kind, with
+    each driver at `tag(kind)`."""
+    changed = json.loads(json.dumps(objects))
+    drivers = [o for o in changed if o["kind"] == "NVIDIADriver"]
+    for spec in [d["spec"] for d in drivers] or [o["spec"]["driver"] for o in changed if o["kind"] == "ClusterPolicy"]:
+        spec["version"] = tag("precompiled" if spec.get("usePrecompiled") else "container")
     return changed
 
 
-def apply_policy(api: ApiServer, policy: dict) -> None:
-    """As the phase applies it: server-side, as gpuboot."""
-    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=json.dumps(policy))
+def apply_policy(api: ApiServer, objects: list[dict]) -> None:
+    """As the phase applies them: server-side, as gpuboot."""
+    api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(objects))
 
 
 def driver_pods(api: ApiServer) -> dict[str, dict]:
-    pods = json.loads(api.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app=nvidia-driver-daemonset",
+    pods = json.loads(api.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=nvidia-driver",
                                   "-o", "json").stdout)["items"]
     return {p["spec"]["nodeName"]: p for p in pods if p["spec"].get("nodeName") and not p["metadata"].get(
         "deletionTimestamp")}
@@ -120,13 +136,23 @@ def wait_until(what: str, check, timeout: float, log: Path) -> None:
     pytest.fail(f"not within {timeout:.0f} s: {what}; the operator's log {log}:\n{log.read_text()[-3000:]}")
 
 
+@dataclass
+class OperatorLab:
+    cluster: object
+    objects: list[dict]  # the ClusterPolicy and any NVIDIADriver objects, at the case's release
+    changes: dict        # GPU node -> the DriverChange from the previous release to this one
+    log: Path            # the operator's output
+    kubelets: KubeletDouble
+
+
 @pytest.fixture
-def operator_lab(operator_image, mount_point, api, helm, tmp_path):  # noqa: F811 (fixtures by name)
-    """The case rendered through the real chart and applied as the phase applies it, its GPU
-    nodes Ready, the operator reconciling and the nodes' drivers at the previous release's,
-    upgrade-done. Yields (cluster, the ClusterPolicy, the operator's log, the kubelets)."""
+def operator_lab(request, operator_image, mount_point, api, helm, tmp_path):  # noqa: F811 (fixtures by name)
+    """The case (time_slicing unless parametrized) rendered through the real chart and applied
+    as the phase applies it, its GPU nodes Ready, the operator reconciling and each node's
+    driver at the previous release's, upgrade-done."""
     binary, opt = operator_image
-    rendered = render_through_real_chart(CASE, "gpu-operator", "gpu_operator", helm, tmp_path)
+    rendered = render_through_real_chart(CASES[getattr(request, "param", "time_slicing")], "gpu-operator",
+                                         "gpu_operator", helm, tmp_path)
     cluster, addon, objects = rendered.cluster, rendered.addon, rendered.objects
     api.apply_crds(objects)
     api.clean_slate(NAMESPACE, "clusterpolicies.nvidia.com,nvidiadrivers.nvidia.com,nodes", addon / "namespace.yaml")
@@ -135,26 +161,27 @@ def operator_lab(operator_image, mount_point, api, helm, tmp_path):  # noqa: F81
     for file in ("device-plugin-config.yaml", "mig-parted-config.yaml", "node-labels.yaml"):
         if (addon / file).is_file():
             api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / file))
-    policy = next(o for o in objects if o["kind"] == "ClusterPolicy")
-    previous = str(matrix.load(FROM_RELEASE).model_extra["gpu_operator"]["driver_version"])
-    apply_policy(api, with_driver(policy, previous))
+    drivers = addon / "nvidia-drivers.yaml"
+    ours = [o for o in objects if o["kind"] == "ClusterPolicy"] + (
+        [d for d in yaml.safe_load_all(drivers.read_text()) if d] if drivers.is_file() else [])
+    changes = {c.node: c for c in driver_changes(cluster, matrix.load(FROM_RELEASE),
+                                                 matrix.load(cluster.settings.release))}
+    apply_policy(api, with_drivers(ours, lambda kind: driver_tag(FROM_RELEASE, kind)))
 
     log = tmp_path / "operator.log"
     with log.open("w") as out, KubeletDouble(api, NAMESPACE) as kubelets:
         operator = start_operator(binary, opt, api, objects, out)
         try:
-            nodes = sorted(cluster.gpu_plan.nodes)
-
             def settled() -> bool:
                 pods = driver_pods(api)
                 states = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(STATE)
                           for n in json.loads(api.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
-                return all(name in pods and previous in pods[name]["spec"]["containers"][0]["image"]
-                           and states.get(name) == "upgrade-done" for name in nodes)
+                return all(name in pods and image_tag(pods[name]).startswith(f"{change.from_tag}-")
+                           and states.get(name) == "upgrade-done" for name, change in changes.items())
 
             # The first reconcile deploys; the upgrade controller marks in-sync nodes done.
-            wait_until(f"every node's driver at {previous}, upgrade-done", settled, 300, log)
-            yield cluster, policy, log, kubelets
+            wait_until("every node's driver at the previous release's, upgrade-done", settled, 300, log)
+            yield OperatorLab(cluster, ours, changes, log, kubelets)
         finally:
             operator.terminate()
             operator.wait(30)
@@ -165,6 +192,10 @@ def operator_lab(operator_image, mount_point, api, helm, tmp_path):  # noqa: F81
     assert not kubelets.errors, kubelets.errors
 
 
+def image_tag(pod: dict) -> str:
+    return pod["spec"]["containers"][0]["image"].rsplit(":", 1)[1]
+
+
 def policy_state(api: ApiServer) -> str:
     got = api.kubectl("get", "clusterpolicies.nvidia.com", "cluster-policy", "-o", "jsonpath={.status.state}", check=False)
     return got.stdout.strip()
@@ -172,7 +203,7 @@ def policy_state(api: ApiServer) -> str:
 
 def test_the_real_operators_readiness_is_what_the_phase_waits_for_and_a_broken_operand_is_named(
         operator_lab, api, tmp_path, monkeypatch):
-    cluster, _, log, kubelets = operator_lab
+    cluster, log, kubelets = operator_lab.cluster, operator_lab.log, operator_lab.kubelets
     plan = cluster.gpu_plan.as_data()
     variables = {"gpu_operator_kubeconfig": str(api.kubeconfig), "gpu_operator_plan": plan,
                  "gpu_operator_ready_timeout": 120}
@@ -208,18 +239,18 @@ def gpuboot_fields(api: ApiServer, node: str) -> str:
                        if m["manager"] == "gpuboot"])
 
 
+@pytest.mark.parametrize("operator_lab", sorted(CASES), indirect=True)
 def test_the_real_upgrade_controller_moves_every_driver_and_the_phase_follows_it(operator_lab, api, tmp_path):
-    cluster, policy, log, _ = operator_lab
-    changes = driver_changes(cluster, matrix.load(FROM_RELEASE), matrix.load(cluster.settings.release))
-    wanted = {c.node: c.to_tag for c in changes}
-    assert sorted(wanted) == sorted(cluster.gpu_plan.nodes), "every node's built driver moves with the release"
-    target = str(policy["spec"]["driver"]["version"])
+    cluster, log = operator_lab.cluster, operator_lab.log
+    wanted = {name: change.to_tag for name, change in operator_lab.changes.items()}
+    built = sorted(name for name, node in cluster.gpu_plan.nodes.items() if node.driver != "preinstalled")
+    assert sorted(wanted) == built, "every node's driver the operator manages moves with the release"
     # An operator holds one node back with NVIDIA's skip label: it keeps its driver, and is reported.
     held = sorted(wanted)[-1]
     api.kubectl("label", "node", held, "nvidia.com/gpu-driver-upgrade.skip=true")
     old_image = driver_pods(api)[held]["spec"]["containers"][0]["image"]
     with StateWatch(api, sorted(wanted)) as watch:
-        apply_policy(api, policy)  # what the phase's apply does: this release's values
+        apply_policy(api, operator_lab.objects)  # what the phase's apply does: this release's values
         followed = follow(api, tmp_path, NAMESPACE, wanted, timeout=240 * len(wanted))
     assert followed.returncode == 0, f"{followed.stdout[-4000:]}\noperator: {log.read_text()[-3000:]}"
 
@@ -227,11 +258,10 @@ def test_the_real_upgrade_controller_moves_every_driver_and_the_phase_follows_it
     nodes = {n["metadata"]["name"]: n for n in json.loads(api.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
     report = json.loads((tmp_path / "followed.json").read_text())
     for name, tag in sorted(wanted.items()):
-        assert tag == target
+        assert tag == driver_tag(cluster.settings.release, operator_lab.changes[name].kind)
         if name == held:
             continue
-        image = pods[name]["spec"]["containers"][0]["image"]
-        assert image.rsplit(":", 1)[1].startswith(f"{target}-"), (name, image)
+        assert image_tag(pods[name]).startswith(f"{tag}-"), (name, image_tag(pods[name]))
         assert nodes[name]["metadata"]["labels"][STATE] == "upgrade-done"
         assert not nodes[name]["spec"].get("unschedulable"), f"{name} left cordoned"
         # The real controller walked each node from done through the documented states, in
@@ -246,16 +276,18 @@ def test_the_real_upgrade_controller_moves_every_driver_and_the_phase_follows_it
     assert watch.history[held] == ["upgrade-done", "upgrade-required"], watch.history[held]
     assert not nodes[held]["spec"].get("unschedulable")
     assert report["left_alone"] == [held], report
+    # One node moved at a time: gpuboot's maxParallelUpgrades, which is also the operator's
+    # default for an NVIDIADriver (gpuboot renders no upgradePolicy there).
+    policy = next(o for o in operator_lab.objects if o["kind"] == "ClusterPolicy")
     max_parallel = policy["spec"]["driver"]["upgradePolicy"]["maxParallelUpgrades"]
     assert 1 <= watch.most_in_flight <= max_parallel, (watch.most_in_flight, max_parallel)
 
 
 def test_a_driver_that_cannot_load_stops_the_phase_naming_the_node(operator_lab, api, tmp_path):
-    cluster, policy, log, _ = operator_lab
-    wanted = {c.node: c.to_tag for c in driver_changes(cluster, matrix.load(FROM_RELEASE),
-                                                       matrix.load(cluster.settings.release))}
-    broken = with_driver(policy, f"{policy['spec']['driver']['version']}-{BROKEN}")
-    apply_policy(api, broken)
+    log = operator_lab.log
+    wanted = {name: change.to_tag for name, change in operator_lab.changes.items()}
+    apply_policy(api, with_drivers(operator_lab.objects,
+                                   lambda kind: f"{driver_tag(operator_lab.cluster.settings.release, kind)}-{BROKEN}"))
     started = time.monotonic()
     # What the phase's apply does, with a driver no node can load.
     followed = follow(api, tmp_path, NAMESPACE, {n: f"{t}-{BROKEN}" for n, t in wanted.items()},
