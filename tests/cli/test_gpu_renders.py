@@ -211,3 +211,25 @@ def test_dev_char_links_off_reach_the_validator_s_driver_env(tmp_path):
 def test_dev_char_links_stay_on_by_default(rendered):
     values = load(rendered["preinstalled"][1], "gpu-operator/values.yaml")
     assert "driver" not in values["validator"]
+
+
+def test_the_fleet_s_upgrade_policy_reaches_each_nvidiadriver(tmp_path):
+    """NVIDIA's upgrade controller takes a mixed-driver node's policy from its NVIDIADriver's own
+    spec.upgradePolicy, never the ClusterPolicy's (v26.7.0: reconcileNVIDIADriverUpgrades and
+    NVIDIADriverSpec.GetUpgradePolicyWithDefaults; absent, it upgrades one node at a time, 25 %
+    unavailable). Seen against the real controller in test_real_gpu_operator_pods.py."""
+    data = yaml.safe_load((ROOT / "tests" / "corpus" / "gpu" / "mixed_drivers" / "inventory.yml").read_text())
+    data["all"]["vars"]["gpu_operator_upgrade_max_parallel"] = 3  # a role input, as group vars set it
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(data))
+    assert run(["render", str(inventory), "--out", str(tmp_path / "out")]) == 0
+    addons = tmp_path / "out" / "cp1" / ADDONS
+    assert load(addons, "gpu-operator/values.yaml")["driver"]["upgradePolicy"]["maxParallelUpgrades"] == 3
+    drivers = [d for d in yaml.safe_load_all((addons / "gpu-operator" / "nvidia-drivers.yaml").read_text()) if d]
+    policies = {d["metadata"]["name"]: (d["spec"].get("upgradePolicy") or {}).get("maxParallelUpgrades")
+                for d in drivers}
+    if set(policies.values()) != {3}:
+        # Mending it renders upgradePolicy into nvidia-drivers.yaml.j2 where the pinned operator's
+        # NVIDIADriver CRD has the field (v26.7.0 has it, v25.3.2 not), with its goldens.
+        pytest.xfail(f"known defect: the NVIDIADriver objects carry no upgradePolicy ({policies}), so the "
+                     "operator upgrades mixed-driver nodes one at a time whatever the fleet's setting")
