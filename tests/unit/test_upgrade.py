@@ -250,6 +250,30 @@ def test_gpu_drivers_move_only_where_the_operator_manages_them_and_the_release_c
         plan_upgrade(load_cluster(str(inventory)), "k8s-1.37", driver_timeout=5)
 
 
+# NVIDIA's upgrade controller does not watch pods: after restarting a node's driver it looks
+# again on its two-minute requeue (seen against the real controller, test_real_gpu_operator_pods.py),
+# so a node takes two minutes at the very least, before the driver's own build and load.
+CONTROLLER_FLOOR_S = 120
+
+
+def test_the_default_driver_timeout_leaves_a_large_fleet_its_controller_s_floor(tmp_path):
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "all.yml").write_text(
+        "gpuboot:\n  cluster_name: h200\n  release: k8s-1.36\n  control_plane: {vip: 10.0.0.100}\n"
+        "  node_os: {id: ubuntu-22.04, kernels: [5.15.0-127-generic]}\n")
+    (tmp_path / "group_vars" / "gpu_workers.yml").write_text(
+        "gpuboot_node: {gpu: {model: H200-SXM-141GB, count: 8, driver: container}}\n")
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text("[control_plane]\ncp[1:3]\n[gpu_workers]\ngpu[01:50]\n[workers:children]\ngpu_workers\n")
+    plan = plan_upgrade(load_cluster(str(inventory)), "k8s-1.37")
+    assert len(plan.gpu_drivers) == 50
+    floor = CONTROLLER_FLOOR_S * len(plan.gpu_drivers)  # one node at a time, gpuboot's maxParallelUpgrades
+    if plan.driver_timeout < floor:
+        # Mending it sizes the default from the nodes whose driver moves and maxParallelUpgrades.
+        pytest.xfail(f"known defect: the default --driver-timeout is {plan.driver_timeout} s for the whole fleet, "
+                     f"under the {floor} s NVIDIA's controller needs at least for {len(plan.gpu_drivers)} nodes")
+
+
 def gpu_node(name: str, state: str = "", skip: bool = False) -> dict:
     labels = {"nvidia.com/gpu-driver-upgrade-state": state} if state else {}
     if skip:
