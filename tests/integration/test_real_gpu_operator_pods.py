@@ -8,13 +8,14 @@ and are applied as the phase applies them. Held against gpuboot:
   (roles/gpu_operator/tasks/ready.yml) and validate's operand check; one operand that cannot
   start on one node makes the operator say notReady, and both name that node, pod and reason;
 - the driver upgrade: the operator's upgrade controller (k8s-operator-libs' state machine)
-  moves each node's driver after the ClusterPolicy names the release's, walking the documented
-  states one node at a time, and the phase's wait (gpuboot_driver_upgrade) follows it to the
-  end; a driver that cannot load makes the controller mark its node upgrade-failed, and the
-  wait stops there, naming it.
+  moves each node's driver after the ClusterPolicy (or, where nodes differ in driver kind, each
+  NVIDIADriver) names the release's, walking the documented states one node at a time, and the
+  phase's wait (gpuboot_driver_upgrade) follows it to the end; a driver that cannot load makes
+  the controller mark its node upgrade-failed, and the wait stops there, naming it.
 
-The case: tests/corpus/gpu/time_slicing (three nodes, drivers built on the nodes), started at
-the driver the previous release pins. The upgrade controller does not watch pods: after it
+The cases: tests/corpus/gpu/time_slicing (three nodes, drivers built on the nodes) and, for the
+upgrade, mixed_drivers (precompiled, built on the node, the host's), each started at the
+drivers the previous release pins. The upgrade controller does not watch pods: after it
 restarts a node's driver it looks again on its own two-minute requeue, so each node takes
 about two minutes, as in a real cluster. Skipped, naming what to bring, without the source
 tree, root or unshare."""
