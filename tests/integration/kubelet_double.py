@@ -148,20 +148,51 @@ def api_with_pod_controllers(root: Path) -> Iterator[ApiServer]:
         server.stop()
 
 
-def ready_node(api: ApiServer, name: str, labels: dict[str, str]) -> None:
-    """A Node as its kubelet registers it and reports it Ready, with the labels given (NFD's,
-    GFD's), untainted as the node lifecycle controller leaves a Ready node."""
+def untainted_node(api: ApiServer, name: str, labels: dict[str, str]) -> None:
+    """A Node with the labels given (NFD's, GFD's). Admission taints a new Node not-ready, and
+    the node lifecycle controller lifts the taint once its kubelet says Ready; that controller
+    would also take these nodes for dead (no kubelet renews their lease), so its one effect
+    wanted here is had by hand."""
     apply_node(api, name, labels)
+    api.kubectl("taint", "nodes", name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
+
+
+def ready_node(api: ApiServer, name: str, labels: dict[str, str]) -> None:
+    """A Node as its kubelet registers it and reports it Ready, untainted (untainted_node)."""
+    untainted_node(api, name, labels)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     api.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": {
         "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
         "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                         "lastHeartbeatTime": now, "lastTransitionTime": now}]}}))
-    # Admission taints a new Node not-ready, and the node lifecycle controller lifts the taint
-    # once the node says Ready. That controller would also take these nodes for dead (no kubelet
-    # renews their lease), so its one effect wanted here is had by hand.
-    api.kubectl("taint", "node", name, "node.kubernetes.io/not-ready:NoSchedule-")
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float, log: Path) -> None:
+    """Until check() holds; else fail naming `what` with the end of the operator's log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(2)
+    pytest.fail(f"not within {timeout:.0f} s: {what}; the operator's log {log}:\n{log.read_text()[-3000:]}")
+
+
+def policy_state(api: ApiServer, resource: str, name: str) -> str:
+    """The state an operator writes into its policy's status (ready, notReady, ...)."""
+    return api.kubectl("get", resource, name, "-o", "jsonpath={.status.state}", check=False).stdout.strip()
+
+
+def pods_in(api: ApiServer, namespace: str, *selector: str) -> list[dict]:
+    return json.loads(api.kubectl("get", "pods", "-n", namespace, *selector, "-o", "json").stdout)["items"]
+
+
+def remove_workloads(api: ApiServer, namespace: str, log: Path) -> None:
+    """The operator's workloads deleted and their pods gone, while the kubelets still answer:
+    the next case deletes the namespace, which would wait forever on pods no kubelet ends."""
+    for kind in ("daemonsets", "deployments"):
+        api.kubectl("delete", kind, "-n", namespace, "--all", "--wait=false")
+    wait_until("the operands' pods gone", lambda: not pods_in(api, namespace), 120, log)
 
 
 def operator_says_not_ready(kubelets: KubeletDouble, crashing: Callable[[dict, dict], bool],
@@ -169,7 +200,5 @@ def operator_says_not_ready(kubelets: KubeletDouble, crashing: Callable[[dict, d
     """Make the kubelets report the containers `crashing` picks as crashing, and wait for the
     operator to say so: its policy's state (`state()`) leaves ready for notReady."""
     kubelets.crashing = crashing
-    deadline = time.monotonic() + timeout
-    while state() == "ready" and time.monotonic() < deadline:
-        time.sleep(2)
-    assert state() == "notReady", f"the operator still says {state()!r} after {timeout:.0f} s; see {log}"
+    wait_until("the operator's policy no longer ready", lambda: state() != "ready", timeout, log)
+    assert state() == "notReady", f"the operator says {state()!r}; see {log}"

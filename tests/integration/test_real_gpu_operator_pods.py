@@ -35,7 +35,18 @@ import yaml
 
 from gpuboot import matrix
 from gpuboot.upgrade import driver_changes
-from tests.integration.kubelet_double import BROKEN, Background, KubeletDouble, api_with_pod_controllers, operator_says_not_ready, ready_node
+from tests.integration.kubelet_double import (
+    BROKEN,
+    Background,
+    KubeletDouble,
+    api_with_pod_controllers,
+    operator_says_not_ready,
+    pods_in,
+    policy_state,
+    ready_node,
+    remove_workloads,
+    wait_until,
+)
 from tests.integration.test_addon_objects_dry_run import render_through_real_chart
 from tests.integration.test_addon_waits import wait as addon_wait
 from tests.integration.test_gpu_driver_upgrade import follow
@@ -52,6 +63,7 @@ CASES = {name: ROOT / "tests" / "corpus" / "gpu" / name / "inventory.yml" for na
 FROM_RELEASE = "k8s-1.35"  # the release before the case's: its driver is what the nodes run first
 NAMESPACE = "gpu-operator"
 STATE = "nvidia.com/gpu-driver-upgrade-state"
+CLUSTER_POLICY = "clusterpolicies.nvidia.com"
 # The states k8s-operator-libs walks a node through, in order; drain-required is passed over
 # when the policy asks for no drain, as gpuboot's does not.
 WALK = ["upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-deletion-required",
@@ -122,19 +134,9 @@ def apply_policy(api: ApiServer, objects: list[dict]) -> None:
 
 
 def driver_pods(api: ApiServer) -> dict[str, dict]:
-    pods = json.loads(api.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=nvidia-driver",
-                                  "-o", "json").stdout)["items"]
+    pods = pods_in(api, NAMESPACE, "-l", "app.kubernetes.io/component=nvidia-driver")
     return {p["spec"]["nodeName"]: p for p in pods if p["spec"].get("nodeName") and not p["metadata"].get(
         "deletionTimestamp")}
-
-
-def wait_until(what: str, check, timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(2)
-    pytest.fail(f"not within {timeout:.0f} s: {what}; the operator's log {log}:\n{log.read_text()[-3000:]}")
 
 
 @dataclass
@@ -186,20 +188,12 @@ def operator_lab(request, operator_image, mount_point, api, helm, tmp_path):  # 
         finally:
             operator.terminate()
             operator.wait(30)
-            # The next case deletes the namespace: its pods go while the kubelets still answer.
-            api.kubectl("delete", "daemonsets", "-n", NAMESPACE, "--all", "--wait=false")
-            wait_until("the operands' pods gone", lambda: not json.loads(api.kubectl(
-                "get", "pods", "-n", NAMESPACE, "-o", "json").stdout)["items"], 120, log)
+            remove_workloads(api, NAMESPACE, log)
     assert not kubelets.errors, kubelets.errors
 
 
 def image_tag(pod: dict) -> str:
     return pod["spec"]["containers"][0]["image"].rsplit(":", 1)[1]
-
-
-def policy_state(api: ApiServer) -> str:
-    got = api.kubectl("get", "clusterpolicies.nvidia.com", "cluster-policy", "-o", "jsonpath={.status.state}", check=False)
-    return got.stdout.strip()
 
 
 def test_the_real_operators_readiness_is_what_the_phase_waits_for_and_a_broken_operand_is_named(
@@ -219,7 +213,8 @@ def test_the_real_operators_readiness_is_what_the_phase_waits_for_and_a_broken_o
     # says notReady, and gpuboot names the node, the pod and why.
     victim = sorted(plan["nodes"])[1]
     operator_says_not_ready(kubelets, lambda pod, c: pod["spec"]["nodeName"] == victim
-                            and c["name"] == "nvidia-device-plugin", lambda: policy_state(api), log)
+                            and c["name"] == "nvidia-device-plugin",
+                            lambda: policy_state(api, CLUSTER_POLICY, "cluster-policy"), log)
     short = addon_wait(api, tmp_path, "gpu_operator", variables | {"gpu_operator_ready_timeout": 10})
     said = " ".join(short.stdout.split())
     # The real operator's Ready condition then gives the reason Error.

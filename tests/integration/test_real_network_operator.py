@@ -39,7 +39,8 @@ from gpuboot.mirror.plan import Target, build
 from gpuboot.mirror.serve import ServeSpec, start
 from gpuboot.net import free_port
 from tests.integration import test_real_gpu_operator
-from tests.integration.test_addon_objects_dry_run import ThroughRealChart, apply_node, render_through_real_chart
+from tests.integration.kubelet_double import untainted_node
+from tests.integration.test_addon_objects_dry_run import ThroughRealChart, render_through_real_chart
 from tests.integration.test_real_gpu_operator import built_image, nfd_labels
 from tests.support.apiserver import ApiServer
 from tests.support.mirror_fixture import IMAGE_CACHE
@@ -212,14 +213,6 @@ def operator_env(applied: AppliedAsThePhase, image_root: Path, api: ApiServer) -
     return chart_env(rendered.objects, rendered.chart_name) | {
         "STATE_MANIFEST_BASE_DIR": str(image_root / "manifests"), "POD_NAMESPACE": rendered.namespace,
         "KUBECONFIG": str(api.kubeconfig), "ENABLE_WEBHOOKS": "false"}
-
-
-def untainted_node(api: ApiServer, name: str, labels: dict[str, str]) -> None:
-    """A Node with NFD's labels. Admission taints a new Node not-ready until its kubelet reports
-    Ready; the operator (as the DaemonSet controller) passes over a node it cannot schedule on.
-    No kubelet runs here: the taint goes as the node lifecycle controller would take it off."""
-    apply_node(api, name, labels)
-    api.kubectl("taint", "nodes", name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

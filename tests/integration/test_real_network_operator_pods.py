@@ -18,20 +18,23 @@ Skipped, naming what to bring, without the source tree."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from tests.cli.test_network_renders import shared_networks
+from tests.integration import kubelet_double as lab
 from tests.integration import test_real_network_operator as real_network
-from tests.integration.kubelet_double import KubeletDouble, api_with_pod_controllers, operator_says_not_ready, ready_node
 from tests.integration.test_addon_waits import wait as addon_wait
 from tests.integration.test_real_network_operator import MOFED_WAIT, apply_as_the_phase, controller, operator_env
 from tests.support.apiserver import ApiServer
+from tests.support.modules import load_module
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 READY_S = 300
+NIC_POLICY = "nicclusterpolicies.mellanox.com"
+# validate's judgement of a ready pod (every container ready), from the product.
+pod_ready = load_module("gpuboot_cluster_check").pod_ready
 # The operator's image and the loopback registry standing for the mirror, as the module without pods has them.
 operator_image = real_network.operator_image
 registry = real_network.registry
@@ -39,31 +42,22 @@ registry = real_network.registry
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
-    with api_with_pod_controllers(tmp_path_factory.mktemp("network-pods-api")) as server:
+    with lab.api_with_pod_controllers(tmp_path_factory.mktemp("network-pods-api")) as server:
         yield server
 
 
 def policy(api: ApiServer) -> dict:
-    got = api.kubectl("get", "nicclusterpolicies.mellanox.com", "nic-cluster-policy", "-o", "json", check=False)
-    return json.loads(got.stdout) if got.returncode == 0 else {}
+    return json.loads(api.kubectl("get", NIC_POLICY, "nic-cluster-policy", "-o", "json").stdout)
 
 
-def policy_state(api: ApiServer) -> str:
-    return policy(api).get("status", {}).get("state", "")
-
-
-def pods_on(api: ApiServer, namespace: str) -> list[dict]:
-    return json.loads(api.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
-
-
-def ready(pod: dict) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+def state(api: ApiServer) -> str:
+    return lab.policy_state(api, NIC_POLICY, "nic-cluster-policy")
 
 
 def test_the_real_network_operator_gets_ready_as_the_phase_waits_and_a_broken_plugin_is_named(
         operator_image, registry, api, helm, tmp_path):
     binary, image_root = operator_image
-    applied = apply_as_the_phase(shared_networks(tmp_path / "inventory"), api, helm, tmp_path, registry, ready_node)
+    applied = apply_as_the_phase(shared_networks(tmp_path / "inventory"), api, helm, tmp_path, registry, lab.ready_node)
     cluster, namespace = applied.rendered.cluster, applied.rendered.namespace
     plan = cluster.nic_plan.as_data()
     assert not plan["sriov"] and sorted(applied.fabric) == ["ib1", "ib2", "roce1"], plan
@@ -71,20 +65,16 @@ def test_the_real_network_operator_gets_ready_as_the_phase_waits_and_a_broken_pl
                  "network_operator_ready_timeout": 60, "network_operator_plan": plan,
                  "network_operator_release": {}, "network_operator_images": {}}
     log = tmp_path / "operator.log"
-    with KubeletDouble(api, namespace) as kubelets:
+    with lab.KubeletDouble(api, namespace) as kubelets:
         with controller(binary, operator_env(applied, image_root, api), image_root, log):
-            deadline = time.monotonic() + READY_S
-            while policy_state(api) != "ready" and time.monotonic() < deadline:
-                time.sleep(3)
-            states = {s["name"]: s["state"] for s in policy(api).get("status", {}).get("appliedStates", [])}
-            assert policy_state(api) == "ready", f"{states}; the operator's log {log}:\n{log.read_text()[-3000:]}"
+            lab.wait_until("a ready NicClusterPolicy", lambda: state(api) == "ready", READY_S, log)
             nodes = {n["metadata"]["name"]: n["metadata"].get("labels") or {}
                      for n in json.loads(api.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
             # The operator lifted its own wait label where the DOCA driver came up, and on no
             # node outside the fabric did anything of it run.
             assert all(nodes[name].get(MOFED_WAIT) == "false" for name in applied.fabric), nodes
-            pods = pods_on(api, namespace)
-            assert pods and all(ready(p) for p in pods), [p["metadata"]["name"] for p in pods if not ready(p)]
+            pods = lab.pods_in(api, namespace)
+            assert pods and all(pod_ready(p) for p in pods), [p["metadata"]["name"] for p in pods if not pod_ready(p)]
             strays = [p["metadata"]["name"] for p in pods if p["spec"].get("nodeName") in applied.others]
             assert not strays, f"operands outside the fabric: {strays}"
             plugin = [p for p in pods if p["metadata"]["name"].startswith("rdma-shared-dp-ds")]
@@ -95,9 +85,9 @@ def test_the_real_network_operator_gets_ready_as_the_phase_waits_and_a_broken_pl
             assert ok.returncode == 0, ok.stdout[-3000:]
 
             victim = sorted(applied.fabric)[0]
-            operator_says_not_ready(kubelets, lambda pod, c: pod["spec"]["nodeName"] == victim
+            lab.operator_says_not_ready(kubelets, lambda pod, c: pod["spec"]["nodeName"] == victim
                                     and pod["metadata"]["name"].startswith("rdma-shared-dp-ds"),
-                                    lambda: policy_state(api), log)
+                                    lambda: state(api), log)
             short = addon_wait(api, tmp_path, "network_operator", variables | {"network_operator_ready_timeout": 10})
             said = " ".join(short.stdout.split())
             assert short.returncode != 0 and "NicClusterPolicy notReady" in said, short.stdout[-3000:]
@@ -105,10 +95,5 @@ def test_the_real_network_operator_gets_ready_as_the_phase_waits_and_a_broken_pl
             failing = sorted(name for name, state in ((s["name"], s["state"]) for s in
                                                       policy(api)["status"]["appliedStates"]) if state != "ready")
             assert failing and all(f"- {name}: " in said for name in failing), (failing, short.stdout[-3000:])
-        # The next case deletes the namespace: its pods go while the kubelets still answer.
-        for kind in ("daemonsets", "deployments"):
-            api.kubectl("delete", kind, "-n", namespace, "--all", "--wait=false")
-        deadline = time.monotonic() + 120
-        while pods_on(api, namespace) and time.monotonic() < deadline:
-            time.sleep(2)
+        lab.remove_workloads(api, namespace, log)
     assert not kubelets.errors, kubelets.errors
