@@ -168,14 +168,17 @@ def ready_node(api: ApiServer, name: str, labels: dict[str, str]) -> None:
                         "lastHeartbeatTime": now, "lastTransitionTime": now}]}}))
 
 
-def wait_until(what: str, check: Callable[[], bool], timeout: float, log: Path) -> None:
-    """Until check() holds; else fail naming `what` with the end of the operator's log."""
+def wait_until(what: str, check: Callable[[], bool], timeout: float, log: Path,
+               found: Callable[[], object] | None = None) -> None:
+    """Until check() holds; else fail naming `what`, what `found()` reads then (the policy's
+    states, say) and the end of the operator's log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(2)
-    pytest.fail(f"not within {timeout:.0f} s: {what}; the operator's log {log}:\n{log.read_text()[-3000:]}")
+    seen = f"; found {found()}" if found else ""
+    pytest.fail(f"not within {timeout:.0f} s: {what}{seen}; the operator's log {log}:\n{log.read_text()[-3000:]}")
 
 
 def policy_state(api: ApiServer, resource: str, name: str) -> str:

@@ -67,7 +67,9 @@ def test_the_real_network_operator_gets_ready_as_the_phase_waits_and_a_broken_pl
     log = tmp_path / "operator.log"
     with lab.KubeletDouble(api, namespace) as kubelets:
         with controller(binary, operator_env(applied, image_root, api), image_root, log):
-            lab.wait_until("a ready NicClusterPolicy", lambda: state(api) == "ready", READY_S, log)
+            lab.wait_until("a ready NicClusterPolicy", lambda: state(api) == "ready", READY_S, log,
+                           found=lambda: {s["name"]: s["state"] for s in
+                                          policy(api).get("status", {}).get("appliedStates", [])})
             nodes = {n["metadata"]["name"]: n["metadata"].get("labels") or {}
                      for n in json.loads(api.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
             # The operator lifted its own wait label where the DOCA driver came up, and on no
