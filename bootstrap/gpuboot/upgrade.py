@@ -26,9 +26,11 @@ DEFAULT_GATE_TIMEOUT = 300
 # How long an upgraded node must stay healthy before its gate passes: its pods come back after
 # the uncordon, and one that cannot run on the new version shows it only after a restart.
 DEFAULT_GATE_SETTLE = 15
-# A driver container builds its modules on the node (minutes each) and the operator upgrades
-# a few nodes at a time: the whole fleet's driver upgrade gets this long.
-DEFAULT_DRIVER_TIMEOUT = 3600
+# A driver container builds its modules on the node (minutes each), and NVIDIA's upgrade
+# controller looks at a node again only on its two-minute requeue, several times per node: the
+# driver upgrade gets this long per round of nodes it moves at once, and never under the floor.
+DRIVER_TIMEOUT_PER_ROUND = 900
+DRIVER_TIMEOUT_FLOOR = 3600
 # The phases of an upgrade that move Kubernetes, and the one that moves GPU drivers.
 KUBERNETES_PHASES = ("upgrade_control_planes", "upgrade_workers")
 DRIVER_PHASE = "upgrade_gpu_driver"
@@ -124,7 +126,7 @@ class UpgradePlan:
     gate_timeout: int
     resume: bool
     gpu_drivers: tuple[DriverChange, ...] = ()
-    driver_timeout: int = DEFAULT_DRIVER_TIMEOUT
+    driver_timeout: int = DRIVER_TIMEOUT_FLOOR
     gate_settle: int = DEFAULT_GATE_SETTLE
     # The releases' containerd: a node takes the target's while it is drained.
     from_containerd: str = ""
@@ -203,7 +205,7 @@ def check_path(current: matrix.Release, target: matrix.Release) -> None:
 
 def plan_upgrade(cluster: Cluster, to_release: str, *, canary: int = 1, batch: str = "20%",
                  drain_timeout: int = DEFAULT_DRAIN_TIMEOUT, gate_timeout: int = DEFAULT_GATE_TIMEOUT,
-                 resume: bool = False, driver_timeout: int = DEFAULT_DRIVER_TIMEOUT,
+                 resume: bool = False, driver_timeout: int | None = None,
                  gate_settle: int = DEFAULT_GATE_SETTLE) -> UpgradePlan:
     current = matrix.load(cluster.settings.release)
     target = matrix.load(to_release)
@@ -215,6 +217,9 @@ def plan_upgrade(cluster: Cluster, to_release: str, *, canary: int = 1, batch: s
     control_planes = cluster.hosts_matching("control_plane")
     if not control_planes:
         raise UpgradeRefused("the inventory has no control_plane hosts", hint="an upgrade starts at a control plane")
+    drivers = driver_changes(cluster, current, target)
+    if driver_timeout is None:
+        driver_timeout = default_driver_timeout(cluster, len(drivers))
     if drain_timeout < 30 or gate_timeout < 30 or driver_timeout < 30:
         raise UsageError("--drain-timeout, --gate-timeout and --driver-timeout must be at least 30 seconds")
     if not 0 <= gate_settle < gate_timeout:
@@ -223,8 +228,15 @@ def plan_upgrade(cluster: Cluster, to_release: str, *, canary: int = 1, batch: s
     return UpgradePlan(cluster.settings.cluster_name, current.name, target.name, current.kubernetes.version,
                        target.kubernetes.version, control_planes[0], tuple(control_planes[1:]),
                        tuple(tuple(b) for b in worker_batches(workers, canary, batch)), min(canary, len(workers)),
-                       drain_timeout, gate_timeout, resume, driver_changes(cluster, current, target), driver_timeout,
+                       drain_timeout, gate_timeout, resume, drivers, driver_timeout,
                        gate_settle, current.containerd.version, target.containerd.version)
+
+
+def default_driver_timeout(cluster: Cluster, moving: int) -> int:
+    """The whole driver upgrade's budget: a round per gpu_operator.upgrade_max_parallel nodes
+    (the operator's maxParallelUpgrades), the floor at least."""
+    rounds = -(-moving // cluster.settings.gpu_operator.upgrade_max_parallel)
+    return max(DRIVER_TIMEOUT_FLOOR, rounds * DRIVER_TIMEOUT_PER_ROUND)
 
 
 def _declared_os(cluster: Cluster) -> set[str]:

@@ -219,17 +219,22 @@ def test_the_fleet_s_upgrade_policy_reaches_each_nvidiadriver(tmp_path):
     NVIDIADriverSpec.GetUpgradePolicyWithDefaults; absent, it upgrades one node at a time, 25 %
     unavailable). Seen against the real controller in test_real_gpu_operator_pods.py."""
     data = yaml.safe_load((ROOT / "tests" / "corpus" / "gpu" / "mixed_drivers" / "inventory.yml").read_text())
-    data["all"]["vars"]["gpu_operator_upgrade_max_parallel"] = 3  # a role input, as group vars set it
+    data["all"]["vars"]["gpuboot"]["gpu_operator"] = {"upgrade_max_parallel": 3, "upgrade_max_unavailable": "2"}
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump(data))
     assert run(["render", str(inventory), "--out", str(tmp_path / "out")]) == 0
     addons = tmp_path / "out" / "cp1" / ADDONS
     assert load(addons, "gpu-operator/values.yaml")["driver"]["upgradePolicy"]["maxParallelUpgrades"] == 3
     drivers = [d for d in yaml.safe_load_all((addons / "gpu-operator" / "nvidia-drivers.yaml").read_text()) if d]
-    policies = {d["metadata"]["name"]: (d["spec"].get("upgradePolicy") or {}).get("maxParallelUpgrades")
-                for d in drivers}
-    if set(policies.values()) != {3}:
-        # Mending it renders upgradePolicy into nvidia-drivers.yaml.j2 where the pinned operator's
-        # NVIDIADriver CRD has the field (v26.7.0 has it, v25.3.2 not), with its goldens.
-        pytest.xfail(f"known defect: the NVIDIADriver objects carry no upgradePolicy ({policies}), so the "
-                     "operator upgrades mixed-driver nodes one at a time whatever the fleet's setting")
+    assert len(drivers) >= 2
+    for found in drivers:
+        assert found["spec"]["upgradePolicy"] == {"autoUpgrade": True, "maxParallelUpgrades": 3,
+                                                  "maxUnavailable": "2"}, found["metadata"]["name"]
+    # An operator whose NVIDIADriver CRD has no upgradePolicy (before v26.7.0) gets none: its
+    # server-side apply would refuse the field.
+    data["all"]["vars"]["gpuboot"]["release"] = "k8s-1.35"
+    inventory.write_text(yaml.safe_dump(data))
+    assert run(["render", str(inventory), "--out", str(tmp_path / "older")]) == 0
+    older = [d for d in yaml.safe_load_all((tmp_path / "older" / "cp1" / ADDONS / "gpu-operator" /
+                                            "nvidia-drivers.yaml").read_text()) if d]
+    assert older and all("upgradePolicy" not in d["spec"] for d in older)

@@ -28,7 +28,7 @@ from gpuboot.config.loader import load_cluster
 from gpuboot.mirror.plan import Target, build
 from tests.doubles.network_operator.operator import NV_IPAM_CRD
 from tests.integration.test_double_schemas_vs_real_charts import source_tree
-from tests.support.addon_doubles import CHARTS
+from tests.support.addon_doubles import CHARTS, double_chart_at
 from tests.support.apiserver import ApiServer
 from tests.support.modules import load_filter
 
@@ -61,7 +61,7 @@ class ChartSource:
 
     def chart(self, name: str, version: str, release: str) -> Path:
         if self.kind == "double":
-            return CHARTS / name
+            return double_chart_at(name, version, self.cache / f"double-{version}")
         upstream, git_dir, tag = source_tree(name, version, release)
         into = self.cache / f"{upstream.repository}-{tag}"
         if not (into / upstream.chart_dir).is_dir():
@@ -251,9 +251,7 @@ def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, 
                     for d in yaml.safe_load_all((directory / file).read_text()) if d]
         crds += charts.runtime_crds(chart, pinned["chart"]["version"], release.name, policies)
         api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(crds))
-        # One kubectl for them all: each call costs a process start and API discovery.
-        api.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                    *sorted({f"crd/{crd['metadata']['name']}" for crd in crds}))
+        api.established(*sorted({crd["metadata"]["name"] for crd in crds}))
         namespace_file = (directory / "namespace.yaml").read_text()
         api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=namespace_file)
         documents = []

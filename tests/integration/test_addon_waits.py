@@ -42,7 +42,7 @@ def status(api, kind: str, name: str, body: dict) -> None:
 def test_calico_wait_passes_when_available_and_names_the_degraded_component(api, tmp_path):
     api.kubectl("apply", "--server-side", "-f", str(CRDS / "crd.projectcalico.org.v1" / "templates" /
                                                     "operator.tigera.io_tigerastatuses.yaml"))
-    api.kubectl("wait", "--for=condition=Established", "crd/tigerastatuses.operator.tigera.io")
+    api.established("tigerastatuses.operator.tigera.io")
     for name in ("calico", "apiserver"):
         api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "operator.tigera.io/v1", "kind": "TigeraStatus",
                                                            "metadata": {"name": name}}))
@@ -64,7 +64,7 @@ def test_calico_wait_passes_when_available_and_names_the_degraded_component(api,
 
 def test_gpu_operator_wait_passes_when_ready_and_names_the_state_otherwise(api, tmp_path):
     api.kubectl("apply", "--server-side", "-f", str(CRDS / "gpu-operator" / "crds" / "nvidia.com_clusterpolicies.yaml"))
-    api.kubectl("wait", "--for=condition=Established", "crd/clusterpolicies.nvidia.com")
+    api.established("clusterpolicies.nvidia.com")
     api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace",
                                                        "metadata": {"name": "gpu-operator"}}))
     api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
@@ -170,8 +170,7 @@ def test_network_operator_wait_needs_the_policy_ready_and_every_fabric_node_s_vf
     crds = CRDS / "network-operator" / "crds"
     for name in ("mellanox.com_nicclusterpolicies.yaml", "sriovnetwork.openshift.io_sriovnetworknodestates.yaml"):
         api.kubectl("apply", "--server-side", "-f", str(crds / name))
-    api.kubectl("wait", "--for=condition=Established", "crd/nicclusterpolicies.mellanox.com",
-                "crd/sriovnetworknodestates.sriovnetwork.openshift.io")
+    api.established("nicclusterpolicies.mellanox.com", "sriovnetworknodestates.sriovnetwork.openshift.io")
     api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace",
                                                        "metadata": {"name": "nvidia-network-operator"}}))
     # Cluster-scoped in a shared API server: applied as gpuboot applies it, deleted at the end.

@@ -78,7 +78,7 @@ def gpu_nodes(api, request):
     finishes terminating) and four GPU nodes, one with the host's own driver."""
     namespace = f"gpu-driver-upgrade-{zlib.crc32(request.node.name.encode()):08x}"
     api.kubectl("apply", "--server-side", "-f", str(CRD))
-    api.kubectl("wait", "--for=condition=Established", "crd/clusterpolicies.nvidia.com")
+    api.established("clusterpolicies.nvidia.com")
     api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace",
                                                        "metadata": {"name": namespace}}))
     for name in OS_TAGS:

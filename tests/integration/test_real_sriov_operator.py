@@ -236,8 +236,7 @@ def test_the_real_sriov_operator_takes_gpubootss_policies_as_planned(case, opera
     binary, image_root, built_from = operator(parse_image(release.images["network_operator"]["sriovOperator"]).tag)
     api.apply_crds(objects)
     api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(image_root / "nad-crd.yaml"))
-    api.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                "crd/network-attachment-definitions.k8s.cni.cncf.io")
+    api.established("network-attachment-definitions.k8s.cni.cncf.io")
     api.kubectl("delete", "network-attachment-definitions", "--all", "--all-namespaces", check=False)
     release_finalizers(api)
     api.clean_slate(namespace, KINDS, addon / "namespace.yaml")

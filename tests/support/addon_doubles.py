@@ -16,6 +16,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from gpuboot import matrix
 from gpuboot.config.loader import load_cluster
 from gpuboot.mirror import plan as mirror_plan
@@ -69,14 +71,24 @@ def double_image(bundle: Bundle, ref: str, busybox: bytes) -> Artifact:
     return image_artifact(bundle, ref, "usr/bin/nvidia-smi", NVIDIA_SMI, entrypoint, base)
 
 
-def package_chart(helm: Path, name: str, version: str, out: Path) -> bytes:
-    """The double chart `name` packaged by helm at `version` (the matrix's), its values schema
-    as the real chart at that version has it (tests/support/chart_versions.py)."""
-    source = out / "source" / name
+def double_chart_at(name: str, version: str, into: Path) -> Path:
+    """A copy of the double chart `name` in `into` as the real chart is at `version`: its values
+    schema and CRDs without what the real chart gained later (tests/support/chart_versions.py)."""
+    source = into / name
+    if source.is_dir():
+        return source
     shutil.copytree(CHARTS / name, source)
     schema = source / "values.schema.json"
     if schema.is_file():
         schema.write_text(json.dumps(schema_at(json.loads(schema.read_text()), version), indent=2) + "\n")
+    for crd in sorted((source / "crds").glob("*.yaml")):
+        crd.write_text(yaml.safe_dump(schema_at(yaml.safe_load(crd.read_text()), version), sort_keys=False))
+    return source
+
+
+def package_chart(helm: Path, name: str, version: str, out: Path) -> bytes:
+    """The double chart `name` packaged by helm at `version` (the matrix's)."""
+    source = double_chart_at(name, version, out / "source")
     proc = subprocess.run([str(helm), "package", str(source), "--version", version, "--app-version", version,
                            "--destination", str(out)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr

@@ -3,6 +3,7 @@ both on loopback, with certificates and an admin kubeconfig made by the real kub
 Admission is the real one (ResourceQuota included), authorization is RBAC."""
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -65,8 +66,25 @@ class ApiServer:
         """A chart's CRDs applied server-side, as gpuboot applies them, and waited for."""
         crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
         self.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", "-", stdin=yaml.safe_dump_all(crds))
-        for crd in crds:
-            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
+        self.established(*(crd["metadata"]["name"] for crd in crds))
+
+    def established(self, *names: str, timeout: float = 60) -> None:
+        """Wait until every named CRD is Established. Polled: `kubectl wait` on a CRD created a
+        moment ago fails outright while its status has no conditions yet."""
+        deadline = time.monotonic() + timeout
+        waiting = set(names)
+        while waiting and time.monotonic() < deadline:
+            proc = self.kubectl("get", "crd", *sorted(waiting), "-o", "json", check=False)
+            if proc.returncode == 0:
+                found = json.loads(proc.stdout)
+                for crd in found.get("items", [found]):
+                    if any(c.get("type") == "Established" and c.get("status") == "True"
+                           for c in (crd.get("status") or {}).get("conditions") or []):
+                        waiting.discard(crd["metadata"]["name"])
+            if waiting:
+                time.sleep(0.3)
+        if waiting:
+            raise AssertionError(f"CRDs not Established after {timeout} s: {', '.join(sorted(waiting))}")
 
     def clean_slate(self, namespace: str, kinds: str, namespace_file: Path) -> None:
         """The namespace and every object of `kinds` (Nodes among them) deleted, and the

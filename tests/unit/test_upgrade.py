@@ -14,7 +14,7 @@ from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import UpgradeRefused, UsageError
-from gpuboot.upgrade import check_path, plan_upgrade, worker_batches
+from gpuboot.upgrade import DRIVER_TIMEOUT_FLOOR, DRIVER_TIMEOUT_PER_ROUND, check_path, plan_upgrade, worker_batches
 from tests.support.modules import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,10 +268,17 @@ def test_the_default_driver_timeout_leaves_a_large_fleet_its_controller_s_floor(
     plan = plan_upgrade(load_cluster(str(inventory)), "k8s-1.37")
     assert len(plan.gpu_drivers) == 50
     floor = CONTROLLER_FLOOR_S * len(plan.gpu_drivers)  # one node at a time, gpuboot's maxParallelUpgrades
-    if plan.driver_timeout < floor:
-        # Mending it sizes the default from the nodes whose driver moves and maxParallelUpgrades.
-        pytest.xfail(f"known defect: the default --driver-timeout is {plan.driver_timeout} s for the whole fleet, "
-                     f"under the {floor} s NVIDIA's controller needs at least for {len(plan.gpu_drivers)} nodes")
+    assert plan.driver_timeout >= floor, f"{plan.driver_timeout} s for {len(plan.gpu_drivers)} nodes, one at a time"
+    assert plan.driver_timeout == 50 * DRIVER_TIMEOUT_PER_ROUND
+    # Four at a time: rounds of four, each given its share.
+    (tmp_path / "group_vars" / "all.yml").write_text(
+        (tmp_path / "group_vars" / "all.yml").read_text() + "  gpu_operator: {upgrade_max_parallel: 4}\n")
+    faster = plan_upgrade(load_cluster(str(inventory)), "k8s-1.37")
+    assert faster.driver_timeout == 13 * DRIVER_TIMEOUT_PER_ROUND >= CONTROLLER_FLOOR_S * 13
+    # A small fleet keeps the floor; a timeout given on the command line is kept as given.
+    inventory.write_text("[control_plane]\ncp[1:3]\n[gpu_workers]\ngpu[01:02]\n[workers:children]\ngpu_workers\n")
+    assert plan_upgrade(load_cluster(str(inventory)), "k8s-1.37").driver_timeout == DRIVER_TIMEOUT_FLOOR
+    assert plan_upgrade(load_cluster(str(inventory)), "k8s-1.37", driver_timeout=600).driver_timeout == 600
 
 
 def gpu_node(name: str, state: str = "", skip: bool = False) -> dict:

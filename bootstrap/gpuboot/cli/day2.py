@@ -12,7 +12,7 @@ from gpuboot.cli.core import App, cli, inventory_arg, mirror_preflight, pass_app
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import UsageError
 from gpuboot.phases.catalog import ETCD_RESTORE, ETCD_SNAPSHOT, NODE_REMOVE, RESET, UPGRADE
-from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_DRIVER_TIMEOUT, DEFAULT_GATE_SETTLE, DEFAULT_GATE_TIMEOUT, plan_upgrade
+from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_GATE_SETTLE, DEFAULT_GATE_TIMEOUT, plan_upgrade
 
 
 @cli.command()
@@ -29,14 +29,15 @@ from gpuboot.upgrade import DEFAULT_DRAIN_TIMEOUT, DEFAULT_DRIVER_TIMEOUT, DEFAU
               help="Seconds an upgraded node has to pass its gate.")
 @click.option("--gate-settle", type=int, default=DEFAULT_GATE_SETTLE, show_default=True,
               help="Seconds a node's gate must hold without a problem before it passes.")
-@click.option("--driver-timeout", type=int, default=DEFAULT_DRIVER_TIMEOUT, show_default=True,
-              help="Seconds the GPU Operator has to move every GPU node's driver, where the release changes it.")
+@click.option("--driver-timeout", type=int, default=None,
+              help="Seconds the GPU Operator has to move every GPU node's driver, where the release changes it "
+                   "[default: 900 per round of gpuboot.gpu_operator.upgrade_max_parallel nodes, 3600 at least].")
 @click.option("--insecure-skip-host-key-check", is_flag=True, help="Turn SSH host-key checking off (logged).")
 @click.option("--skip-mirror-check", is_flag=True, help="Do not check that the mirror holds the target release (logged).")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text")
 @pass_app
 def upgrade(app: App, inventory: str, to_release: str, show_plan: bool, canary: int, batch: str, resume: bool,
-            drain_timeout: int, gate_timeout: int, gate_settle: int, driver_timeout: int, insecure_skip_host_key_check: bool,
+            drain_timeout: int, gate_timeout: int, gate_settle: int, driver_timeout: int | None, insecure_skip_host_key_check: bool,
             skip_mirror_check: bool, output: str) -> None:
     """Upgrade the cluster's Kubernetes to another release of the matrix: an etcd snapshot, the
     control planes one at a time, then the workers (canary, batches), each node gated; then,

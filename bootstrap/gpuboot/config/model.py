@@ -264,6 +264,10 @@ class GpuOperator(Strict):
     # systemd cgroup driver needs (gpu-operator #430). It needs the driver's device majors in
     # /proc/devices; turn it off only where the host cannot have them, as NVIDIA documents.
     dev_char_symlinks: bool = True
+    # The driver upgrade (NVIDIA's upgrade controller, on a release's driver change): GPU nodes
+    # whose driver it changes at once, and how many GPU nodes may be unavailable meanwhile.
+    upgrade_max_parallel: int = Field(1, ge=1, le=64)
+    upgrade_max_unavailable: Annotated[str, Field(pattern=r"^(100|[1-9]?[0-9])%$|^[1-9][0-9]{0,3}$")] = "25%"
 
 
 class NetworkOperator(Strict):
