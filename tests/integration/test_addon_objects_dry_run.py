@@ -13,7 +13,6 @@ test_double_schemas_vs_real_charts.py): NVIDIA's and Calico's own templates and 
 gpuboot's values and custom resources. The API server is real either way."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from dataclasses import dataclass
@@ -216,13 +215,6 @@ def render_through_real_chart(inventory: Path, addon_name: str, matrix_key: str,
                             (addon / "values.yaml").read_text())
     return ThroughRealChart(cluster, release, addon, namespace, pinned["name"], objects)
 
-
-def apply_node(api: ApiServer, name: str, labels: dict[str, str]) -> None:
-    """A Node as a kubelet registers it, with the labels NFD would add, applied as NFD would."""
-    node = {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                                  "kubernetes.io/arch": "amd64", **labels}}}
-    api.kubectl("apply", "--server-side", "--field-manager=nfd", "-f", "-", stdin=json.dumps(node))
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, api, helm, tmp_path):

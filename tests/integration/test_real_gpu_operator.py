@@ -37,7 +37,7 @@ from gpuboot.mirror.refs import parse_image
 from gpuboot_lab import LAB_RELEASE
 from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
 from gpuboot_lab.operators import OPERATORS, OperatorBuild, image_ref
-from tests.integration.test_addon_objects_dry_run import apply_node, render_through_real_chart
+from tests.integration.test_addon_objects_dry_run import render_through_real_chart
 from tests.integration.test_double_schemas_vs_real_charts import source_tree
 from tests.support.apiserver import ETCD, ApiServer
 from tests.support.modules import load_module
@@ -190,7 +190,7 @@ def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_ima
     # A clean slate per case: the operator's DaemonSets, the policies and the Nodes of the last one.
     api.clean_slate(NAMESPACE, "clusterpolicies.nvidia.com,nvidiadrivers.nvidia.com,nodes", addon / "namespace.yaml")
     for name, labels in gpu_nodes(cluster).items():
-        apply_node(api, name, labels)
+        api.apply_node(name, labels)
     for file in ("device-plugin-config.yaml", "mig-parted-config.yaml", "node-labels.yaml", "nvidia-drivers.yaml"):
         if (addon / file).is_file():
             api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / file))

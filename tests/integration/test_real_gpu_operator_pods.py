@@ -1,7 +1,7 @@
 """NVIDIA's real GPU Operator with its operands' pods (issue 29, points 3 and 4): the operator
 built from its source tree at the tag the release pins (as test_real_gpu_operator.py runs it)
 on a real API server where the real DaemonSet controller and scheduler make and bind the pods
-of the DaemonSets it deploys, and a TEST DOUBLE of the nodes' kubelets (kubelet_double.py)
+of the DaemonSets it deploys, and a TEST DOUBLE of the nodes' kubelets (`tests/doubles/kubelet_double.py`)
 reports them running, or one container crashing. gpuboot's values go through the real chart
 and are applied as the phase applies them. Held against gpuboot:
 - readiness: the ClusterPolicy status the real operator writes passes the phase's wait
@@ -35,7 +35,7 @@ import yaml
 
 from gpuboot import matrix
 from gpuboot.upgrade import driver_changes
-from tests.integration.kubelet_double import (
+from tests.doubles.kubelet_double import (
     BROKEN,
     Background,
     KubeletDouble,

@@ -38,8 +38,8 @@ import yaml
 from gpuboot.mirror.plan import Target, build
 from gpuboot.mirror.serve import ServeSpec, start
 from gpuboot.net import free_port
+from tests.doubles.kubelet_double import untainted_node
 from tests.integration import test_real_gpu_operator
-from tests.integration.kubelet_double import untainted_node
 from tests.integration.test_addon_objects_dry_run import ThroughRealChart, render_through_real_chart
 from tests.integration.test_real_gpu_operator import built_image, nfd_labels
 from tests.support.apiserver import ApiServer

@@ -3,7 +3,7 @@ controller built from Mellanox/network-operator's tree at the pinned tag (as
 test_real_network_operator.py runs it, with the same loopback registry standing for the mirror
 and holding the DOCA tags the plan lists) on a real API server whose DaemonSet, Deployment and
 ReplicaSet controllers and scheduler make and bind the pods of what it deploys, and a TEST
-DOUBLE of the nodes' kubelets (kubelet_double.py) reporting them running, or one crashing.
+DOUBLE of the nodes' kubelets (`tests/doubles/kubelet_double.py`) reporting them running, or one crashing.
 
 The case: RDMA shared ports only, no VFs (tests/cli/test_network_renders.py's shared-networks:
 INI with host ranges, group_vars/ and host_vars/), so that no SR-IOV config daemon is needed.
@@ -22,7 +22,7 @@ import json
 import pytest
 
 from tests.cli.test_network_renders import shared_networks
-from tests.integration import kubelet_double as lab
+from tests.doubles import kubelet_double as lab
 from tests.integration import test_real_network_operator as real_network
 from tests.integration.test_addon_waits import wait as addon_wait
 from tests.integration.test_real_network_operator import MOFED_WAIT, apply_as_the_phase, controller, operator_env

@@ -44,7 +44,7 @@ from gpuboot_lab.errors import LabError
 from gpuboot_lab.operators import OperatorBuild, OperatorImage
 from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 from tests.integration import test_real_gpu_operator
-from tests.integration.test_addon_objects_dry_run import apply_node, render_through_real_chart
+from tests.integration.test_addon_objects_dry_run import render_through_real_chart
 from tests.integration.test_real_network_operator import CASES, MOFED_WAIT, chart_env, controller
 from tests.support.apiserver import ApiServer
 
@@ -249,7 +249,7 @@ def test_the_real_sriov_operator_takes_gpubootss_policies_as_planned(case, opera
         # The kubelet's beta OS label (the chart's selector keeps it), and the Network Operator's
         # "DOCA driver up" label (the config daemon waits for it), on every node: only gpuboot's
         # fabric label keeps the others out.
-        apply_node(api, name, {"beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64",
+        api.apply_node(name, {"beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64",
                                MOFED_WAIT: "false"})
         api.kubectl("taint", "nodes", name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
     api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(addon / "node-labels.yaml"))

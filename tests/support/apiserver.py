@@ -86,6 +86,13 @@ class ApiServer:
         if waiting:
             raise AssertionError(f"CRDs not Established after {timeout} s: {', '.join(sorted(waiting))}")
 
+    def apply_node(self, name: str, labels: dict[str, str]) -> None:
+        """A Node as a kubelet registers it, with the labels NFD would add, applied as NFD would."""
+        node = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                                      "kubernetes.io/arch": "amd64", **labels}}}
+        self.kubectl("apply", "--server-side", "--field-manager=nfd", "-f", "-", stdin=json.dumps(node))
+
     def clean_slate(self, namespace: str, kinds: str, namespace_file: Path) -> None:
         """The namespace and every object of `kinds` (Nodes among them) deleted, and the
         namespace applied again: one case does not see the last one's objects."""

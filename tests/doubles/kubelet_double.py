@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
-from tests.integration.test_addon_objects_dry_run import apply_node
 from tests.support.apiserver import ETCD, ApiServer
 from tests.support.mirror_fixture import free_port
 
@@ -153,7 +152,7 @@ def untainted_node(api: ApiServer, name: str, labels: dict[str, str]) -> None:
     the node lifecycle controller lifts the taint once its kubelet says Ready; that controller
     would also take these nodes for dead (no kubelet renews their lease), so its one effect
     wanted here is had by hand."""
-    apply_node(api, name, labels)
+    api.apply_node(name, labels)
     api.kubectl("taint", "nodes", name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
 
 
