@@ -63,6 +63,7 @@ CASES = {name: ROOT / "tests" / "corpus" / "gpu" / name / "inventory.yml" for na
 FROM_RELEASE = "k8s-1.35"  # the release before the case's: its driver is what the nodes run first
 NAMESPACE = "gpu-operator"
 STATE = "nvidia.com/gpu-driver-upgrade-state"
+SKIP = "nvidia.com/gpu-driver-upgrade.skip"
 CLUSTER_POLICY = "clusterpolicies.nvidia.com"
 # The states k8s-operator-libs walks a node through, in order; drain-required is passed over
 # when the policy asks for no drain, as gpuboot's does not.
@@ -175,21 +176,35 @@ def operator_lab(request, operator_image, mount_point, api, helm, tmp_path):  # 
     with log.open("w") as out, KubeletDouble(api, NAMESPACE) as kubelets:
         operator = start_operator(binary, opt, api, objects, out)
         try:
-            def settled() -> bool:
+            def drivers_up() -> bool:
                 pods = driver_pods(api)
+                return all(name in pods and image_tag(pods[name]).startswith(f"{change.from_tag}-")
+                           and pod_ready(pods[name]) for name, change in changes.items())
+
+            def settled() -> bool:
                 states = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(STATE)
                           for n in json.loads(api.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
-                return all(name in pods and image_tag(pods[name]).startswith(f"{change.from_tag}-")
-                           and states.get(name) == "upgrade-done" for name, change in changes.items())
+                return drivers_up() and all(states.get(name) == "upgrade-done" for name in changes)
 
-            # The first reconcile deploys; the upgrade controller marks in-sync nodes done.
+            # The first reconcile deploys; the upgrade controller marks in-sync nodes done on its
+            # next look, which its two-minute requeue brings. Here, in setting up only, it is made
+            # to look at once through an event it watches: NVIDIA's skip label put on one node as
+            # "false" (which skips nothing) and taken off again. The tests' walks are not hurried.
+            wait_until("every node's driver pod at the previous release's, ready", drivers_up, 300, log)
+            nudged = sorted(changes)[0]
+            api.kubectl("label", "node", nudged, f"{SKIP}=false")
             wait_until("every node's driver at the previous release's, upgrade-done", settled, 300, log)
+            api.kubectl("label", "node", nudged, f"{SKIP}-")
             yield OperatorLab(cluster, ours, changes, log, kubelets)
         finally:
             operator.terminate()
             operator.wait(30)
             remove_workloads(api, NAMESPACE, log)
     assert not kubelets.errors, kubelets.errors
+
+
+def pod_ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 def image_tag(pod: dict) -> str:
@@ -243,7 +258,7 @@ def test_the_real_upgrade_controller_moves_every_driver_and_the_phase_follows_it
     assert sorted(wanted) == built, "every node's driver the operator manages moves with the release"
     # An operator holds one node back with NVIDIA's skip label: it keeps its driver, and is reported.
     held = sorted(wanted)[-1]
-    api.kubectl("label", "node", held, "nvidia.com/gpu-driver-upgrade.skip=true")
+    api.kubectl("label", "node", held, f"{SKIP}=true")
     old_image = driver_pods(api)[held]["spec"]["containers"][0]["image"]
     with StateWatch(api, sorted(wanted)) as watch:
         apply_policy(api, operator_lab.objects)  # what the phase's apply does: this release's values
