@@ -57,6 +57,7 @@ from tests.support.modules import load_module
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+pod_ready = load_module("gpuboot_cluster_check").pod_ready  # the product's own readiness, as validate reads it
 # Drivers built on the nodes, in the ClusterPolicy; and driver kinds mixed across nodes, one
 # NVIDIADriver object per kind (precompiled, built on the node; a preinstalled one is the host's).
 CASES = {name: ROOT / "tests" / "corpus" / "gpu" / name / "inventory.yml" for name in ("time_slicing", "mixed_drivers")}
@@ -201,10 +202,6 @@ def operator_lab(request, operator_image, mount_point, api, helm, tmp_path):  # 
             operator.wait(30)
             remove_workloads(api, NAMESPACE, log)
     assert not kubelets.errors, kubelets.errors
-
-
-def pod_ready(pod: dict) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 def image_tag(pod: dict) -> str:
