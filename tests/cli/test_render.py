@@ -2,6 +2,10 @@
 hosts do not exist), and matches the reviewed golden copy in tests/golden/sample."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from gpuboot.cli.main import run
@@ -56,3 +60,18 @@ def test_external_endpoint_port_is_the_models_in_the_rendered_kubeadm_config(tmp
     assert run(["render", str(inventory), "--phase", "control_plane_init", "--out", str(out)]) == 0
     config = (out / "cp1/etc/kubernetes/gpuboot/kubeadm-config.yaml").read_text()
     assert 'controlPlaneEndpoint: "10.0.0.100:6443"' in config
+
+
+def test_render_beside_gpuboot_s_ansible_cfg_writes_nothing_there(tmp_path):
+    """Rendering runs Ansible's templating in this process and gathers no facts: the jsonfile
+    fact cache that gpuboot's ansible.cfg names must not appear in the working directory
+    (a checkout the tests run from, or an operator's folder holding a copy of the file)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(ROOT / "ansible.cfg", work / "ansible.cfg")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    done = subprocess.run([sys.executable, "-m", "gpuboot", "render", str(SAMPLE), "--phase", "os_prep",
+                           "--out", str(tmp_path / "render")], cwd=work, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert any((tmp_path / "render").rglob("*.conf")), "the render wrote nothing: the check below would be empty"
+    assert sorted(p.name for p in work.iterdir()) == ["ansible.cfg"]

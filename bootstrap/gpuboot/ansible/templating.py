@@ -37,6 +37,9 @@ def _ansible() -> SimpleNamespace:
     roles = str(content.content_dir() / "roles")
     if roles not in constants.DEFAULT_ROLES_PATH:
         constants.DEFAULT_ROLES_PATH = [roles, *constants.DEFAULT_ROLES_PATH]
+    # No host is contacted and no fact gathered here: a fact cache from an ansible.cfg in the
+    # working directory (gpuboot's own sets a jsonfile one) would only create its folder there.
+    constants.CACHE_PLUGIN = "ansible.builtin.memory"
     init_plugin_loader()
     return SimpleNamespace(Playbook=Playbook, Templar=Templar, trust_as_template=trust_as_template,
                            VariableManager=VariableManager, HostVars=HostVars, template_vars=generate_ansible_template_vars)
