@@ -29,7 +29,8 @@ def wait(api, tmp_path, role: str, variables: dict) -> subprocess.CompletedProce
         "name": "wait", "hosts": "localhost", "gather_facts": False,
         "tasks": [{"name": "wait", "ansible.builtin.include_role": {"name": role, "tasks_from": "ready.yml"}}]}]))
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
-               PATH=f"{api.bin_dir}:{os.environ['PATH']}", ANSIBLE_NOCOLOR="1")
+               PATH=f"{api.bin_dir}:{os.environ['PATH']}", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_CACHE_PLUGIN="memory")
     extra = json.dumps({"ansible_python_interpreter": sys.executable, **variables})
     return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            "-e", extra, str(playbook)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -67,7 +67,7 @@ def run_install(api, helm, tmp_path: Path, name: str, chart_vars: dict) -> subpr
                  "gpuboot_charts_dir": str(tmp_path / "control-charts"),
                  "gpuboot_admin_kubeconfig": str(api.kubeconfig)}
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{api.bin_dir}:{os.environ['PATH']}",
-               ANSIBLE_NOCOLOR="1")
+               ANSIBLE_NOCOLOR="1", ANSIBLE_CACHE_PLUGIN="memory")
     return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            "-e", json.dumps(variables), str(playbook)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)

@@ -57,7 +57,8 @@ def _push(inventory: Path, **override) -> dict:
             "key_file": gitops.credentials_file, "known_hosts_file": gitops.known_hosts_file, **override}
     env = {**os.environ, "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json",
            "ANSIBLE_LIBRARY": str(ROOT / "playbooks" / "library"),
-           "ANSIBLE_MODULE_UTILS": str(ROOT / "playbooks" / "module_utils"), "ANSIBLE_LOCALHOST_WARNING": "0"}
+           "ANSIBLE_MODULE_UTILS": str(ROOT / "playbooks" / "module_utils"), "ANSIBLE_LOCALHOST_WARNING": "0",
+           "ANSIBLE_CACHE_PLUGIN": "memory"}
     args_file = inventory.parent / "push-args.json"
     args_file.write_text(json.dumps(args))
     playbook = inventory.parent / "push.yml"

@@ -24,7 +24,8 @@ def reads(tmp_path: Path, **args) -> dict:
                                      "tasks": [task, {"ansible.builtin.copy": {"content": "{{ found | to_json }}",
                                                                                "dest": str(tmp_path / "found.json")}}]}]))
     env = dict(os.environ, ANSIBLE_LIBRARY=str(ROOT / "roles" / "preflight" / "library"),
-               ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
     proc = subprocess.run([sys.executable, "-m", "ansible.cli.playbook", "-i", "localhost,", "-c", "local", str(playbook)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
