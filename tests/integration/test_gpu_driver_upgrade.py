@@ -48,7 +48,9 @@ def follow(api, tmp_path, namespace: str, nodes: dict[str, str], timeout: int = 
                                                        "dest": str(tmp_path / "followed.json"), "mode": "0600"}}]}]))
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_LIBRARY=str(ROOT / "playbooks" / "library"),
                ANSIBLE_MODULE_UTILS=str(ROOT / "playbooks" / "module_utils"), ANSIBLE_NOCOLOR="1",
-               PATH=f"{api.bin_dir}:{os.environ['PATH']}")
+               PATH=f"{api.bin_dir}:{os.environ['PATH']}",
+               # ansible.cfg's fact cache path is relative to the file, not to the working directory.
+               ANSIBLE_CACHE_PLUGIN="memory")
     return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            "-e", json.dumps({"ansible_python_interpreter": sys.executable}), str(playbook)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout + 120)
