@@ -80,6 +80,8 @@ class NicPlan:
     misfits: list[Misfit] = field(default_factory=list)
     # Nodes with GPUs: an RDMA bandwidth test between two of them moves GPU memory (DMA-BUF).
     gpu_nodes: set[str] = field(default_factory=set)
+    # Whether the cluster has gpu_workers, so the GPU Operator and its NFD are installed.
+    gpu_operator: bool = False
 
     @property
     def fabric(self) -> list[NicGroup]:
@@ -106,6 +108,14 @@ class NicPlan:
         return found
 
     @property
+    def own_nfd(self) -> bool:
+        """Whether the Network Operator's chart brings the cluster's Node Feature Discovery. The
+        operator deploys the DOCA driver and the device plugins only on nodes NFD labelled (a
+        Mellanox NIC, the OS, the kernel); one NFD serves a cluster, and where the GPU Operator
+        is installed (in the phase before) it is that one, as NVIDIA advises."""
+        return bool(self.fabric) and not self.gpu_operator
+
+    @property
     def sriov_resource_prefix(self) -> str:
         names = [g.nic.resource_name for g in self.of_kind("sriov", "both")]
         return names[0].split("/", 1)[0] if names else "nvidia.com"
@@ -115,7 +125,7 @@ class NicPlan:
         network_operator images); none without fabric NICs."""
         if not self.fabric:
             return ()
-        found = ["operator", "initContainer"]
+        found = ["operator", "initContainer"] + (["nfd"] if self.own_nfd else [])
         if self.of_kind("rdma_shared", "both"):
             found.append("rdmaSharedDevicePlugin")
         vf_groups = self.of_kind("sriov", "both")
@@ -233,6 +243,7 @@ class NicPlan:
         return {
             "enabled": bool(self.fabric),
             "operands": list(self.operands()),
+            "nfd": self.own_nfd,
             "sriov": bool(self.of_kind("sriov", "both")),
             "rdma_shared": bool(self.of_kind("rdma_shared", "both")),
             "ipoib": any(n["kind"] == "IPoIBNetwork" for n in self.networks()),
@@ -372,6 +383,7 @@ class _Resolver:
 
 def resolve(settings: GpubootSettings, nodes: list[Node] | tuple[Node, ...]) -> NicPlan:
     resolver = _Resolver(settings)
+    resolver.plan.gpu_operator = any("gpu_workers" in node.groups for node in nodes)
     for node in nodes:
         if node.settings.nics:
             resolver.node(node)

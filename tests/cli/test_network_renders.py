@@ -16,6 +16,7 @@ from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
 from gpuboot.mirror.plan import Target, build
+from gpuboot.phases.catalog import UP
 from tests.doubles.network_operator.chart import ContractError, check_policy, check_values, deployed_images
 from tests.support.golden import matches_golden, tree
 
@@ -51,10 +52,20 @@ def shared_networks(root: Path) -> Path:
     return root / "hosts.ini"
 
 
+def nic_only(root: Path) -> Path:
+    """The shared networks' nodes as plain workers: fabric NICs and no GPU node, so no GPU
+    Operator (and none of its Node Feature Discovery) in the cluster."""
+    inventory = shared_networks(root)
+    inventory.write_text(SHARED_NETWORKS.replace("[gpu_workers]", "[workers]").replace(
+        "[workers:children]\ngpu_workers\n", ""))
+    return inventory
+
+
 CASES = {
     "mixed-fleet": lambda tmp: ROOT / "tests" / "fixtures" / "mixed-fleet" / "hosts.ini",
     "sample": lambda tmp: ROOT / "inventories" / "sample" / "inventory.yml",
     "shared-networks": shared_networks,
+    "nic-only": nic_only,
 }
 
 
@@ -121,6 +132,27 @@ def test_the_contract_refuses_what_the_real_ones_would(rendered):
         check_policy({**spec, "rdmaSharedDevicePlugin": {**spec["rdmaSharedDevicePlugin"], "config": json.dumps(twice)}})
     with pytest.raises(ContractError):
         check_values({"nfd": {"enabled": False}, "operator": {"repository": "r", "image": "i"}})
+
+
+def test_one_node_feature_discovery_is_there_before_the_operator_places_its_node_operands(rendered):
+    """The operator puts the DOCA driver and the device plugins only on nodes NFD labelled. With
+    GPU nodes the GPU Operator's NFD serves (its phase runs first); without, this chart's."""
+    order = [p.name for p in UP]
+    assert order.index("gpu_operator") < order.index("network_operator"), order
+    for case, own in (("nic-only", True), ("shared-networks", False), ("mixed-fleet", False)):
+        inventory, addons = rendered[case]
+        cluster = load_cluster(inventory)
+        assert bool(cluster.in_group("gpu_workers")) is not own, case
+        release = matrix.load(cluster.settings.release)
+        values = yaml.safe_load((addons / "values.yaml").read_text())
+        assert values["nfd"] == {"enabled": own}, case
+        planned = {str(i.ref) for i in build(release, Target.of(cluster, release)).only({"network_operator"}).images}
+        nfd = release.images["network_operator"]["nfd"]
+        if own:
+            image = values["node-feature-discovery"]["image"]
+            assert f"{image['repository']}:{image['tag']}" == nfd and nfd in planned, case
+        else:
+            assert "node-feature-discovery" not in values and nfd not in planned, case
 
 
 def test_mixed_fleet_objects(rendered):

@@ -25,6 +25,7 @@ from gpuboot import matrix
 from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
 from gpuboot.mirror.plan import Target, build
+from tests.cli.test_network_renders import nic_only
 from tests.doubles.network_operator.operator import NV_IPAM_CRD
 from tests.integration.test_double_schemas_vs_real_charts import source_tree
 from tests.support.addon_doubles import CHARTS, double_chart_at
@@ -36,8 +37,9 @@ chart_hooks = load_filter("chart_hooks")
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+# nic-only: fabric NICs and no GPU node, so the Network Operator's chart brings NFD.
 CASES = {"sample": ROOT / "inventories" / "sample" / "inventory.yml",
-         "mixed-fleet": ROOT / "tests" / "fixtures" / "mixed-fleet" / "hosts.ini",
+         "mixed-fleet": ROOT / "tests" / "fixtures" / "mixed-fleet" / "hosts.ini", "nic-only": nic_only,
          **{p.name: p / "inventory.yml" for p in sorted((ROOT / "tests" / "corpus" / "gpu").iterdir()) if p.is_dir()}}
 # addon directory -> (chart, release name, namespace, files applied before / after the chart)
 ADDONS = {
@@ -219,6 +221,8 @@ def render_through_real_chart(inventory: Path, addon_name: str, matrix_key: str,
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, api, helm, tmp_path):
     inventory = CASES[case]
+    if callable(inventory):
+        inventory = inventory(tmp_path / "inventory")
     assert run(["render", str(inventory), "--out", str(tmp_path)]) == 0
     cluster = load_cluster(inventory)
     release = matrix.load(cluster.settings.release)
@@ -292,6 +296,9 @@ def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, 
         planned = {str(image.ref) for image in build(release, Target.of(cluster, release)).images}
         missing = sorted(f"{image} ({where})" for image, where in named.items() if image not in planned)
         assert not missing, f"{case}: the real charts name images the mirror plan lacks: {missing}"
+        # Without GPU nodes the Network Operator's chart runs the cluster's NFD, on the planned image.
+        nfd = release.images["network_operator"]["nfd"]
+        assert (nfd in named) is (case == "nic-only"), (case, sorted(named))
         print(f"{case}: hooks never applied: {({a: sorted(n) for a, n in dropped.items()})}")
         print(f"{case}: {checked} objects; the real CRDs judged {sorted({d['kind'] for d in custom})}; "
               f"{len(named)} images named, all planned")

@@ -6,9 +6,11 @@ Kubernetes built from Go modules and helm from its Go module.
 TEST DOUBLES (tests/doubles/): the worker's hardware (a /sys tree that preflight's real
 discovery module reads on the node, through the lab-only role input preflight_sys_root), the
 Network Operator's chart (closed values schema that helm enforces, CRDs with the documented
-fields), busybox images under every planned name, and a controller that acts on the lab cluster
-from the applied objects and the same hardware (DOCA driver and component DaemonSets, VF and
-RDMA resources, SR-IOV node states, Multus' network status). Real: preflight over SSH on the
+fields, and the worker of its own NFD, which a cluster without GPU nodes runs), busybox images
+under every planned name, and a controller that acts on the lab cluster from the applied
+objects and the same hardware (NFD's labels where that worker runs, then, as the real operator
+only on nodes so labelled, DOCA driver and component DaemonSets, VF and RDMA resources, SR-IOV
+node states, Multus' network status). Real: preflight over SSH on the
 node, helm template, the mirror, every pull by containerd, the API server's validation and
 server-side apply, scheduling on the advertised resources, and gpuboot's waits and gate."""
 from __future__ import annotations
@@ -156,8 +158,11 @@ def test_network_operator_from_the_mirror_and_the_hgx_node_advertises_what_the_i
             image = container["image"].removeprefix(info["mirror"] + "/")
             assert image in info["images"], image
             seen.add(image.split(":")[0].rsplit("/", 1)[1])
+    # No GPU node here, so no GPU Operator: the chart's own NFD labelled the HGX node before the
+    # operator (its double, as strict as the real one) would place the DOCA driver there.
     assert {"network-operator", "sriov-network-operator", "doca-driver", "k8s-rdma-shared-dev-plugin", "multus-cni",
-            "nvidia-k8s-ipam"} <= seen, seen
+            "nvidia-k8s-ipam", "node-feature-discovery"} <= seen, seen
+    assert nodes[HGX]["metadata"]["labels"]["feature.node.kubernetes.io/pci-15b3.present"] == "true"
 
     # The operator lists the DOCA driver's tags in the mirror itself (the double does the real
     # listing, trusting only what Go would in the operator's container): it works through the CA

@@ -53,9 +53,9 @@ CASES = {"sample": ROOT / "inventories" / "sample" / "inventory.yml",
          "mixed-fleet": ROOT / "tests" / "fixtures" / "mixed-fleet" / "hosts.ini",
          "rdma_present": ROOT / "tests" / "corpus" / "gpu" / "rdma_present" / "inventory.yml"}
 # What the plan lists for the component that this operator does not deploy: the chart runs the
-# operator and the SR-IOV operator, the SR-IOV operator runs its config daemon (whose init
+# operator, its own NFD (on a cluster without GPU nodes) and the SR-IOV operator, the SR-IOV operator runs its config daemon (whose init
 # containers copy the CNI plugins) and device plugin, and the bandwidth test is gpuboot's.
-NOT_DEPLOYED_BY_IT = ("operator", "sriovOperator", "sriovConfigDaemon", "sriovDevicePlugin", "sriovCni",
+NOT_DEPLOYED_BY_IT = ("operator", "nfd", "sriovOperator", "sriovConfigDaemon", "sriovDevicePlugin", "sriovCni",
                       "ibSriovCni", "ovsCni", "rdmaCni", "bandwidthTest")
 SETTLE_S = 45
 WORKLOADS = ("daemonsets", "deployments")

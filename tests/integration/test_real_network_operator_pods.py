@@ -21,7 +21,7 @@ import json
 
 import pytest
 
-from tests.cli.test_network_renders import shared_networks
+from tests.cli.test_network_renders import nic_only, shared_networks
 from tests.doubles import kubelet_double as lab
 from tests.integration import test_real_network_operator as real_network
 from tests.integration.test_addon_waits import wait as addon_wait
@@ -50,6 +50,13 @@ def policy(api: ApiServer) -> dict:
     return json.loads(api.kubectl("get", NIC_POLICY, "nic-cluster-policy", "-o", "json").stdout)
 
 
+def wait_inputs(api: ApiServer, namespace: str, plan: dict, timeout: int) -> dict:
+    """The role inputs the phase's wait (roles/network_operator/tasks/ready.yml) reads."""
+    return {"network_operator_kubeconfig": str(api.kubeconfig), "network_operator_namespace": namespace,
+            "network_operator_ready_timeout": timeout, "network_operator_plan": plan,
+            "network_operator_release": {}, "network_operator_images": {}}
+
+
 def state(api: ApiServer) -> str:
     return lab.policy_state(api, NIC_POLICY, "nic-cluster-policy")
 
@@ -61,9 +68,7 @@ def test_the_real_network_operator_gets_ready_as_the_phase_waits_and_a_broken_pl
     cluster, namespace = applied.rendered.cluster, applied.rendered.namespace
     plan = cluster.nic_plan.as_data()
     assert not plan["sriov"] and sorted(applied.fabric) == ["ib1", "ib2", "roce1"], plan
-    variables = {"network_operator_kubeconfig": str(api.kubeconfig), "network_operator_namespace": namespace,
-                 "network_operator_ready_timeout": 60, "network_operator_plan": plan,
-                 "network_operator_release": {}, "network_operator_images": {}}
+    variables = wait_inputs(api, namespace, plan, 60)
     log = tmp_path / "operator.log"
     with lab.KubeletDouble(api, namespace) as kubelets:
         with controller(binary, operator_env(applied, image_root, api), image_root, log):
@@ -97,5 +102,39 @@ def test_the_real_network_operator_gets_ready_as_the_phase_waits_and_a_broken_pl
             failing = sorted(name for name, state in ((s["name"], s["state"]) for s in
                                                       policy(api)["status"]["appliedStates"]) if state != "ready")
             assert failing and all(f"- {name}: " in said for name in failing), (failing, short.stdout[-3000:])
+        lab.remove_workloads(api, namespace, log)
+    assert not kubelets.errors, kubelets.errors
+
+
+def test_without_node_feature_discovery_s_labels_the_operator_places_nothing_and_the_wait_says_why(
+        operator_image, registry, api, helm, tmp_path, monkeypatch):
+    """The real operator places the DOCA driver and the RDMA shared device plugin by NFD's labels
+    (a Mellanox NIC, the OS, the kernel). Fabric nodes that NFD has not labelled yet (a cluster
+    whose NFD comes later, or never) get neither, the policy stays notReady with no pod to blame,
+    and the phase's wait names each node's missing labels and whose NFD should give them. Found
+    with this operator: the network phase ran before the GPU Operator's, whose NFD is the
+    cluster's, so every first `up` of a cluster with NICs waited here for labels in vain."""
+    binary, image_root = operator_image
+    monkeypatch.setattr(real_network, "nfd_labels", lambda *args, **kwargs: {})
+    applied = apply_as_the_phase(nic_only(tmp_path / "inventory"), api, helm, tmp_path, registry, lab.ready_node)
+    cluster, namespace = applied.rendered.cluster, applied.rendered.namespace
+    plan = cluster.nic_plan.as_data()
+    assert plan["nfd"] and sorted(applied.fabric) == ["ib1", "ib2", "roce1"], plan
+    variables = wait_inputs(api, namespace, plan, 45)
+    log = tmp_path / "operator.log"
+    with lab.KubeletDouble(api, namespace) as kubelets:
+        with controller(binary, operator_env(applied, image_root, api), image_root, log):
+            short = addon_wait(api, tmp_path, "network_operator", variables)
+            said = " ".join(short.stdout.split())
+            assert short.returncode != 0 and "NicClusterPolicy notReady" in said, short.stdout[-3000:]
+            assert "state-OFED: notReady" in said and "state-RDMA-device-plugin: notReady" in said, said[-3000:]
+            for node in applied.fabric:
+                assert (f"- {node}: no feature.node.kubernetes.io/pci-15b3.present, "
+                        "feature.node.kubernetes.io/system-os_release.ID") in said, said[-3000:]
+            assert "NFD is this chart's" in said, said[-3000:]
+            pods = lab.pods_in(api, namespace)
+            placed = sorted(p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith(
+                ("mofed-", "rdma-shared-dp-ds")))
+            assert not placed, placed
         lab.remove_workloads(api, namespace, log)
     assert not kubelets.errors, kubelets.errors

@@ -157,3 +157,20 @@ def test_an_rdma_bandwidth_test_per_infiniband_group_on_two_nodes(tmp_path):
     )).nic_plan.as_data()
     assert plan["bandwidth_tests"] == [{"name": "rdma-bw-ib", "group": "ib", "server": "node-a1", "client": "node-a2",
                                         "resource": "nvidia.com/ib_shared", "gpudirect": False}]
+
+
+def test_the_network_operator_brings_nfd_only_where_no_gpu_operator_does(tmp_path):
+    """The operator places the DOCA driver and the device plugins by Node Feature Discovery's
+    labels. One NFD serves a cluster: the GPU Operator's where there are gpu_workers (its phase
+    runs first), else the Network Operator chart's, whose image the mirror then plans."""
+    workers_only = fleet(tmp_path, VF, VF)
+    plan = load_cluster(workers_only).nic_plan
+    assert plan.own_nfd and plan.as_data()["nfd"] and "nfd" in plan.operands()
+    with_gpus = tmp_path / "with-gpus.ini"
+    with_gpus.write_text(workers_only.read_text().replace("[rack_b]\nnode-b1\n", "[rack_b]\n[gpu_workers]\nnode-b1\n")
+                         .replace("rack_a\nrack_b\n", "rack_a\nrack_b\ngpu_workers\n"))
+    plan = load_cluster(with_gpus).nic_plan
+    assert not plan.own_nfd and not plan.as_data()["nfd"] and "nfd" not in plan.operands()
+    # No fabric NIC, no Network Operator, no NFD of its.
+    (tmp_path / "plain").mkdir()
+    assert not load_cluster(fleet(tmp_path / "plain", "[]", "[]")).nic_plan.own_nfd

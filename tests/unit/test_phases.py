@@ -17,8 +17,8 @@ NAMES = [p.name for p in UP]
 
 def test_catalog_order_is_the_documented_one():
     assert NAMES == ["mirror", "preflight", "os_prep", "container_runtime", "kube_packages", "ha_endpoint",
-                     "control_plane_init", "control_plane_join", "kube_vip", "workers_join", "cni", "network_operator",
-                     "gpu_operator", "validate", "gitops_handoff"]
+                     "control_plane_init", "control_plane_join", "kube_vip", "workers_join", "cni", "gpu_operator",
+                     "network_operator", "validate", "gitops_handoff"]
 
 
 EVERY_PHASE = list(dict.fromkeys(p for catalog in CATALOGS.values() for p in catalog))

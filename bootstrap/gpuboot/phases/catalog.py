@@ -382,13 +382,18 @@ UP: tuple[Phase, ...] = (
     Phase("cni", "Pod network (Calico, or bridge)", "cni.yml", _cni_result, pulls=("calico",),
           repairs_per_host=False, addon="calico"),
     # What gpuboot applies lives on the first control plane; the objects live in the cluster.
-    # The NIC driver (DOCA) is ready before the GPU driver loads: NVIDIA's order for GPUDirect.
-    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml",
-          Result(files=addon_files("network_operator")), pulls=("network_operator",),
-          idle_when=_no_nics, addon="network_operator"),
+    # The GPU Operator first: its Node Feature Discovery is the cluster's one NFD (NVIDIA's
+    # advice), and the Network Operator deploys the DOCA driver and the device plugins only on
+    # nodes NFD labelled (a Mellanox NIC, the OS, the kernel): installed first, it waits for
+    # labels nothing gives yet. With GPUDirect RDMA over DMA-BUF (no nvidia-peermem) the GPU
+    # driver needs nothing of the NIC driver. A cluster with NICs and no GPU nodes gets the
+    # Network Operator's own NFD (gpuboot.nic_plan).
     Phase("gpu_operator", "NVIDIA GPU Operator", "gpu_operator.yml",
           Result(files=addon_files("gpu_operator")), pulls=("gpu_operator",), idle_when=_no_gpus,
           addon="gpu_operator"),
+    Phase("network_operator", "NVIDIA Network Operator", "network_operator.yml",
+          Result(files=addon_files("network_operator")), pulls=("network_operator",),
+          idle_when=_no_nics, addon="network_operator"),
     # The gate: it only reads (its smoke pods are deleted), so it runs whenever `up` reaches it.
     Phase("validate", "Cluster validation", "validate.yml", pulls=("validate",), gate=True),
     # Argo CD from the mirror, the rendered repository pushed once, then Git owns the add-ons.

@@ -80,6 +80,10 @@ def deployed_images(values: dict, spec: dict, nodes: dict[str, dict], mirror: st
     init = (operator.get("ofedDriver") or {}).get("initContainer") or {}
     if init.get("enable"):
         images.add(_split(init))
+    if (values.get("nfd") or {}).get("enabled"):
+        # The chart's own Node Feature Discovery (master, worker and gc run one image).
+        nfd = values["node-feature-discovery"]["image"]
+        images.add(f"{nfd['repository']}:{nfd['tag']}")
     if (values.get("sriovNetworkOperator") or {}).get("enabled"):
         sriov = values["sriov-network-operator"]["images"]
         # The config daemon's init containers: one per CNI plugin image the chart names.

@@ -18,6 +18,11 @@ double hardware (tests/doubles/hardware, the same tree preflight read):
   the lab mirror's CA is in no system store). A failed lookup knows no tag: a precompiled driver
   is then "not found" (forcePrecompiled: the policy is not ready, with the operator's message),
   else the build-on-node image is used; a found precompiled tag is used even when not forced;
+- Node Feature Discovery's labels, which the real operator places the DOCA driver and the device
+  plugins by (pkg/nodeinfo; the RDMA shared plugin's nodeSelector): nothing of either on a
+  fabric node without them. Where an NFD worker pod of the chart (its double) is ready on a
+  node, the double labels that node as NFD would from its hardware: the Mellanox PCI vendor
+  (pci-15b3.present, the chart's NodeFeatureRule), the OS release and the kernel;
 - nv-ipam's IPPool CRD, applied by the operator (not its chart) once the policy asks for nvIpam;
 - NicClusterPolicy status.state ready once every component DaemonSet is ready;
 - Multus' network-status on a pod that names a network gpuboot declared: an address from its
@@ -28,6 +33,7 @@ import base64
 import importlib.util
 import ipaddress
 import json
+import re
 import ssl
 import urllib.request
 from pathlib import Path
@@ -49,6 +55,10 @@ OPERATOR = "network-operator"  # the chart's Deployment and container (named aft
 NETWORKS = (("sriovnetworks.sriovnetwork.openshift.io", True), ("sriovibnetworks.sriovnetwork.openshift.io", True),
             ("macvlannetworks.mellanox.com", False), ("ipoibnetworks.mellanox.com", False))
 LINK = {"eth": "ether", "ib": "infiniband"}
+NFD = "feature.node.kubernetes.io/"
+# What the operator reads of a node before it places the DOCA driver there (pkg/nodeinfo).
+NFD_LABELS = (f"{NFD}pci-15b3.present", f"{NFD}system-os_release.ID", f"{NFD}system-os_release.VERSION_ID",
+              f"{NFD}kernel-version.full")
 
 
 class DoubleNetworkOperator(DoubleController):
@@ -172,7 +182,8 @@ class DoubleNetworkOperator(DoubleController):
         terms = policy["spec"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         return any(all(labels.get(e["key"]) in e["values"] for e in t["matchExpressions"]) for t in terms)
 
-    def _daemonset(self, name: str, image: str, policy: dict, node: str | None = None) -> dict:
+    def _daemonset(self, name: str, image: str, policy: dict, node: str | None = None,
+                   node_selector: dict[str, str] | None = None) -> dict:
         terms = policy["spec"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         if node:  # the DOCA driver: one DaemonSet per image, on the nodes of that kernel/OS/arch
             terms = [{"matchExpressions": t["matchExpressions"] + [
@@ -182,8 +193,33 @@ class DoubleNetworkOperator(DoubleController):
                 "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
                     "metadata": {"labels": {"app": name}},
                     "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": terms}}},
+                        "nodeSelectorTerms": terms}}}, **({"nodeSelector": node_selector} if node_selector else {}),
                         "containers": [{"name": name, "image": image}]}}}}
+
+    def nfd_labels(self, node: str) -> dict[str, str]:
+        """What NFD labels the node with: its OS release (ID, VERSION_ID from the os tag, e.g.
+        debian12), its kernel, and, when a port of Mellanox's (vendor 0x15b3) is there, the
+        chart's NodeFeatureRule label."""
+        facts = self.hardware[node]
+        found = re.fullmatch(r"([a-z]+)([0-9.]+)", facts["os_tag"])
+        labels = {f"{NFD}system-os_release.ID": found.group(1), f"{NFD}system-os_release.VERSION_ID": found.group(2),
+                  f"{NFD}kernel-version.full": facts["kernel"]}
+        if any((p["vendor"] or "").lower() == "0x15b3" for p in self.ports[node].values()):
+            labels[f"{NFD}pci-15b3.present"] = "true"
+        return labels
+
+    def discover(self, nodes: dict[str, dict]) -> None:
+        """NFD's part, where the chart's NFD worker runs ready on a node."""
+        workers = self._items("pods", "-n", NAMESPACE, "-l", "app=nfd-worker")
+        running = {p["spec"].get("nodeName") for p in workers
+                   if (p.get("status") or {}).get("containerStatuses")
+                   and all(c.get("ready") for c in p["status"]["containerStatuses"])}
+        for node in sorted(running & set(self.hardware) & set(nodes)):
+            labels = nodes[node]["metadata"].get("labels") or {}
+            wanted = self.nfd_labels(node)
+            if any(labels.get(k) != v for k, v in wanted.items()):
+                self._run("label", "node", node, "--overwrite", *(f"{k}={v}" for k, v in wanted.items()))
+                labels.update(wanted)
 
     def reconcile(self) -> str | None:
         policy = self._get("nicclusterpolicies.mellanox.com", "nic-cluster-policy")
@@ -193,12 +229,16 @@ class DoubleNetworkOperator(DoubleController):
         if spec.get("nvIpam"):
             self._apply([yaml.safe_load(NV_IPAM_CRD.read_text())])
         nodes = {n["metadata"]["name"]: n for n in self._items("nodes")}
+        self.discover(nodes)
         sriov = self._items("sriovnetworknodepolicies.sriovnetwork.openshift.io", "-n", NAMESPACE)
         objects = []
         for section, name in (("rdmaSharedDevicePlugin", "rdma-shared-dp-ds"), ("nvIpam", "nv-ipam-node")):
             if spec.get(section):
                 body = spec[section]
-                objects.append(self._daemonset(name, f"{body['repository']}/{body['image']}:{body['version']}", policy))
+                # The shared plugin's DaemonSet selects NFD's Mellanox label, as the real manifest does.
+                selector = {NFD_LABELS[0]: "true"} if section == "rdmaSharedDevicePlugin" else None
+                objects.append(self._daemonset(name, f"{body['repository']}/{body['image']}:{body['version']}", policy,
+                                               node_selector=selector))
         for section, name in (("multus", "kube-multus-ds"), ("cniPlugins", "cni-plugins-ds"), ("ipoib", "kube-ipoib-cni-ds")):
             body = (spec.get("secondaryNetwork") or {}).get(section)
             if body:
@@ -206,9 +246,14 @@ class DoubleNetworkOperator(DoubleController):
         driver = spec["ofedDriver"]
         known = self.doca_tags(driver) or []
         missing = []
+        unlabelled = []
         for node, facts in self.hardware.items():
             labels = (nodes.get(node) or {}).get("metadata", {}).get("labels", {})
             if node not in nodes or not self._selected(policy, labels):
+                continue
+            if labels.get(NFD_LABELS[0]) != "true" or not all(labels.get(k) for k in NFD_LABELS[1:]):
+                # The real operator finds no node pool here: no driver, no plugin, and says nothing of the node.
+                unlabelled.append(node)
                 continue
             precompiled = f"{driver['version']}-{facts['kernel']}-{facts['os_tag']}-{facts['arch']}"
             if precompiled in known:
@@ -236,6 +281,7 @@ class DoubleNetworkOperator(DoubleController):
                     and ds["status"].get("numberReady", 0) == ds["status"]["desiredNumberScheduled"]
                     for ds in self._items("daemonsets", "-n", NAMESPACE)
                     if ds["metadata"]["name"] in {o["metadata"]["name"] for o in objects})
+        ready = ready and not unlabelled
         state = "ready" if ready and not missing else "notReady"
         status = {"state": state, "appliedStates": [{"name": "state-OFED", "state": "error" if missing else
                                                      ("ready" if ready else "notReady"), "message": "; ".join(missing)}]}
