@@ -78,6 +78,8 @@ def ansible_cfg(workdir: Path, variant: str) -> Path:
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(ROOT / "ansible.cfg")
     parser["defaults"]["roles_path"] = str(ROOT / "roles")
+    parser["defaults"]["library"] = str(ROOT / "playbooks" / "library")
+    parser["defaults"]["module_utils"] = str(ROOT / "playbooks" / "module_utils")
     parser["defaults"]["fact_caching_connection"] = str(workdir / "facts")
     if variant in SETTINGS:
         section, key, value = SETTINGS[variant]

@@ -87,12 +87,14 @@ def _no_space_fix(host: str, message: str) -> str:
             f"/tmp shows which is full. Free space there, then run gpuboot up again.")
 
 
-def _try_timed_out(res: dict) -> bool:
-    """A try run under `async` that passed its time: Ansible's wrapper stopped it (and what it
-    started), or the control machine stopped waiting for it while it still ran."""
-    waited = res.get("async_result")
-    return str(res.get("msg", "")).startswith("Timeout exceeded") or (
-        isinstance(waited, dict) and not waited.get("finished", True))
+def _hung_tries(res: dict) -> int:
+    """How many tries of a package step passed their bound, when every one did (gpuboot_packages
+    stopped each with every process it started); 0 otherwise."""
+    if res.get("hung") is not True:
+        return 0
+    tries = [str(t) for t in res.get("tries") or []]
+    step = tries[-1].split(" try ")[0] if tries else ""
+    return sum(1 for t in tries if t.split(" try ")[0] == step) or 1
 
 
 def _timed_out_fix(host: str, res: Any) -> str:
@@ -101,8 +103,8 @@ def _timed_out_fix(host: str, res: Any) -> str:
         return ""
     if isinstance(res.get("timedout"), dict):
         bound = f"in {res['timedout'].get('period', 'its')} s"
-    elif _try_timed_out(res):
-        bound = f"in its time on any of its {res['attempts']} tries" if res.get("attempts") else "in its time"
+    elif hung := _hung_tries(res):
+        bound = f"in its time on any of its {hung} tries"
     else:
         return ""
     return (f"\nfix: the step did not finish on {host} {bound} and was stopped. On {host}, see what it "

@@ -71,11 +71,12 @@ def _named_parts(root: Path, role: str) -> list[Path]:
 def scenario_key(role: str, image: str) -> str:
     """Everything a scenario's outcome depends on: the role with its scenario, the shared
     molecule config (driver, platforms, test sequence), the doubles, helpers and release files
-    the scenario names, the node image, how the lab builds the containerd.io it offers, the
+    the scenario names, gpuboot's modules (a role may call them), the node image, how the lab builds the containerd.io it offers, the
     lock and this machine's installed tools (gpuboot_lab.fingerprint)."""
     root = content.content_dir()
     digest = hashlib.sha256(f"{role}|{image}|{LAB_RELEASE}|{fingerprint_digest()}".encode())
     parts = [root / "roles" / role, *_named_parts(root, role), root / ".config" / "molecule" / "config.yml",
+             root / "playbooks" / "library", root / "playbooks" / "module_utils",
              root / "pyproject.toml", root / "requirements.lock", Path(__file__), Path(artifacts.__file__),
              Path(kubernetes.__file__), root / "mirror" / "releases" / f"{LAB_RELEASE}.yml"]
     hash_files(digest, parts, lambda part: part.parent)
