@@ -123,7 +123,8 @@ class Apt:
         found = {}
         for line in done.out.splitlines():
             parts = line.split("\t")
-            if len(parts) == 3 and parts[2].startswith("ii"):
+            # Status-Abbrev: wanted (i install, h hold, ...), then state (i installed), then errors.
+            if len(parts) == 3 and parts[2][1:2] == "i" and not parts[2][2:3].strip():
                 found[parts[0]] = parts[1]
         return found
 

@@ -82,6 +82,7 @@ class Node:
         self.commands: list[list[str]] = []
         self.script: dict[str, list[str]] = {}  # tool step -> outcomes in order: ok, hang, busy, fail
         self.read_again = False
+        self.status: dict[str, str] = {}  # dpkg's Status-Abbrev where not "ii "
 
     def step(self, name: str) -> str:
         queue = self.script.get(name, [])
@@ -93,7 +94,8 @@ class Node:
         if tool == "dpkg-query":
             names = argv[3:]
             return Try(argv, 0 if all(n in self.installed for n in names) else 1, 0.1,
-                       "".join(f"{n}\t{self.installed[n]}\tii \n" for n in names if n in self.installed))
+                       "".join(f"{n}\t{self.installed[n]}\t{self.status.get(n, 'ii ')}\n"
+                               for n in names if n in self.installed))
         if tool == "rpm":
             names = argv[4:]
             return Try(argv, 0, 0.1, "".join(f"{n}\t{self.installed[n]}\n" if n in self.installed
@@ -194,6 +196,13 @@ def test_apt_s_lock_held_by_another_is_waited_out_and_a_real_error_is_not_tried_
     outcome, _ = run(node)
     assert outcome.failed and not outcome.hung and len(managers(node)) == 1
     assert "exit 100" in outcome.msg and "Version '9.9' for 'kubeadm' was not found" in outcome.msg
+
+
+def test_a_held_package_counts_as_installed_and_a_half_installed_one_does_not():
+    node = Node({"kubeadm": "1.36.3-1.1", "kubelet": "1.36.3-1.1"}, {"kubelet": ["1.36.3-1.1"]})
+    node.status = {"kubeadm": "hi ", "kubelet": "iF "}  # held; half-configured
+    outcome, _ = run(node)
+    assert [c[-1] for c in managers(node)] == ["kubelet=1.36.3-1.1"]
 
 
 def test_a_dry_run_says_what_would_change_and_runs_no_package_manager():
