@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -82,9 +83,19 @@ class StateWatch(Background):
         self.nodes = nodes
         self.history: dict[str, list[str]] = defaultdict(list)
         self.most_in_flight = 0
+        self._listed = threading.Event()
         self._process = subprocess.Popen(
             [str(api.bin_dir / "kubectl"), "--kubeconfig", str(api.kubeconfig), "get", "nodes", "--watch", "-o", "json"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def __enter__(self):
+        # The watch's first objects are the Nodes as listed: a change made before that list
+        # is read would be taken for the first state. So nothing starts until every node is seen.
+        super().__enter__()
+        if not self._listed.wait(60):
+            self.__exit__(None, None, None)
+            raise AssertionError(f"kubectl's watch did not list the nodes {self.nodes} within 60 s")
+        return self
 
     def _halt(self) -> None:
         self._process.terminate()
@@ -104,6 +115,8 @@ class StateWatch(Background):
             if name in self.nodes and state and (not self.history[name] or self.history[name][-1] != state):
                 self.history[name].append(state)
             now[name] = state
+            if all(n in now for n in self.nodes):
+                self._listed.set()
             self.most_in_flight = max(self.most_in_flight, sum(s in WALK[1:-1] for s in now.values()))
 
 
