@@ -33,6 +33,10 @@ options:
   try_timeout: {type: int, required: true, description: Seconds one try may run.}
   tries: {type: int, required: true, description: Tries of each step in all.}
   delay: {type: int, default: 5, description: Seconds between tries.}
+  hint:
+    type: str
+    default: ""
+    description: Where the packages must come from, added to a failure that is not a hang.
 """
 
 import os
@@ -53,6 +57,7 @@ def main():
             "try_timeout": {"type": "int", "required": True},
             "tries": {"type": "int", "required": True},
             "delay": {"type": "int", "default": 5},
+            "hint": {"type": "str", "default": ""},
         },
         supports_check_mode=True)
     params = module.params
@@ -78,7 +83,7 @@ def main():
 
     outcome = converge(manager, wanted, params, module.check_mode, run)
     result = {"changed": outcome.changed, "installed": outcome.installed, "tries": outcome.tries,
-              "hung": outcome.hung}
+              "hung_tries": outcome.hung_tries}
     if outcome.failed:
         module.fail_json(msg=outcome.msg, **result)
     module.exit_json(**result)

@@ -188,9 +188,9 @@ class Dnf:
 class Outcome:
     changed: bool = False
     installed: dict[str, str] = field(default_factory=dict)
-    tries: list[str] = field(default_factory=list)
+    tries: list[str] = field(default_factory=list)  # each try, as the operator reads it
     failed: bool = False
-    hung: bool = False
+    hung_tries: int = 0  # the failed step's tries, when every one passed its bound
     msg: str = ""
 
 
@@ -202,27 +202,32 @@ def _describe(step: str, number: int, done: Try) -> str:
 
 def _attempt(manager, run: Runner, argv: list[str], step: str, tries: int, bound: float, delay: float,
              outcome: Outcome, sleep: Callable[[float], None]) -> Try:
-    for number in range(1, tries + 1):
-        done = run(argv, bound)
-        outcome.tries.append(_describe(step, number, done))
-        if not (done.hung or manager.busy(done)) or number == tries:
-            return done
+    """The step's tries until one ends neither hung nor on apt's lock, or none are left; the last."""
+    number, done = 1, run(argv, bound)
+    outcome.tries.append(_describe(step, number, done))
+    while (done.hung or manager.busy(done)) and number < tries:
         sleep(delay)
-    raise AssertionError("unreachable")
+        number, done = number + 1, run(argv, bound)
+        outcome.tries.append(_describe(step, number, done))
+    return done
 
 
-def _failure(outcome: Outcome, manager, done: Try, step: str, tries: int, bound: float) -> Outcome:
+def _failure(outcome: Outcome, manager, done: Try, step: str, tries: int, bound: float, hint: str) -> Outcome:
+    """What failed, as facts: what to do about a hang is the operator's view's to say (it knows
+    the host and the run), and `hint` says where the packages must come from otherwise."""
     outcome.failed = True
     if done.hung:
-        outcome.hung = True
+        outcome.hung_tries = tries
         outcome.msg = (f"{manager.tool} ({step}) did not finish in {bound:.0f} s on any of {tries} tries; each try was "
-                       f"stopped with every process it started. On this node, see whether its package sources "
-                       f"answer and what {manager.tool} waits on (ps -ef --forest during a try); if dpkg was left "
-                       f"mid-run, dpkg --configure -a. Then run gpuboot up again.")
+                       f"stopped with every process it started.")
     else:
         detail = (done.err.strip() or done.out.strip()).splitlines()[-3:]
-        outcome.msg = f"{manager.tool} ({step}) failed with exit {done.rc}: " + " ".join(detail)
+        outcome.msg = _with_hint(f"{manager.tool} ({step}) failed with exit {done.rc}: " + " ".join(detail), hint)
     return outcome
+
+
+def _with_hint(message: str, hint: str) -> str:
+    return f"{message.rstrip('.')}. {hint}" if hint else message
 
 
 def converge(manager, wanted: list[Wanted], options: dict, check_mode: bool, run: Runner,
@@ -248,7 +253,7 @@ def converge(manager, wanted: list[Wanted], options: dict, check_mode: bool, run
     for step, argv in steps:
         done = _attempt(manager, run, argv, step, tries, bound, delay, outcome, sleep)
         if done.rc != 0:
-            return _failure(outcome, manager, done, step, tries, bound)
+            return _failure(outcome, manager, done, step, tries, bound, options.get("hint", ""))
     if missing:
         outcome.installed = manager.installed(run, names)
         still = [w for w in wanted if not w.met_by(outcome.installed.get(w.name))]
@@ -257,12 +262,12 @@ def converge(manager, wanted: list[Wanted], options: dict, check_mode: bool, run
             done = _attempt(manager, run, down, "moving down " + ", ".join(w.name for w in still), tries, bound,
                             delay, outcome, sleep)
             if done.rc != 0:
-                return _failure(outcome, manager, done, "downgrade", tries, bound)
+                return _failure(outcome, manager, done, "downgrade", tries, bound, options.get("hint", ""))
             outcome.installed = manager.installed(run, names)
             still = [w for w in wanted if not w.met_by(outcome.installed.get(w.name))]
         if still:
             outcome.failed = True
-            outcome.msg = f"{manager.tool} finished, yet " + ", ".join(
+            outcome.msg = _with_hint(f"{manager.tool} finished, yet " + ", ".join(
                 f"{w.name} is {outcome.installed.get(w.name, 'not installed')} (wanted {w.version or 'any'})"
-                for w in still)
+                for w in still), options.get("hint", ""))
     return outcome

@@ -80,6 +80,8 @@ def ansible_cfg(workdir: Path, variant: str) -> Path:
     parser["defaults"]["roles_path"] = str(ROOT / "roles")
     parser["defaults"]["library"] = str(ROOT / "playbooks" / "library")
     parser["defaults"]["module_utils"] = str(ROOT / "playbooks" / "module_utils")
+    # As gpuboot's runs cache facts (ansible-runner's jsonfile fact_cache, a folder per run).
+    parser["defaults"]["fact_caching"] = "jsonfile"
     parser["defaults"]["fact_caching_connection"] = str(workdir / "facts")
     if variant in SETTINGS:
         section, key, value = SETTINGS[variant]

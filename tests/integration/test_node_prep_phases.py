@@ -65,7 +65,8 @@ def test_missing_kubernetes_packages_are_explained(lab, capsys):
     finished = next(e for e in reversed(events) if e["event"] == "RunFinished")
     assert finished["status"] == "failed" and finished["resume"].endswith("--from kube_packages")
     messages = " ".join(f["message"] for f in finished["failures"])
-    assert f"kubeadm, kubelet, kubectl {DEBIAN['kube_packages']['version']} could not be installed" in messages
+    assert "apt-get (installing kubeadm, kubelet, kubectl) failed with exit 100" in messages
+    assert f"must carry exactly kubeadm, kubelet, kubectl {DEBIAN['kube_packages']['version']}" in messages
     assert "gpuboot.mirror.packages_url" in messages
 
 

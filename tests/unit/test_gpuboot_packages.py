@@ -181,9 +181,23 @@ def test_a_manager_that_hangs_on_every_try_fails_after_its_tries_naming_the_hang
     node = Node({}, {"kubeadm": ["1.36.3-1.1"], "kubelet": ["1.36.3-1.1"]})
     node.script["install"] = ["hang"] * 3
     outcome, sleeps = run(node, tries=3, try_timeout=20)
-    assert outcome.failed and outcome.hung and len(managers(node)) == 3 and sleeps == [5.0, 5.0]
+    assert outcome.failed and outcome.hung_tries == 3 and len(managers(node)) == 3 and sleeps == [5.0, 5.0]
     assert "apt-get (installing kubeadm, kubelet) did not finish in 20 s on any of 3 tries" in outcome.msg
     assert "stopped with every process it started" in outcome.msg
+    # Facts only: what to do about a hang is the operator's view's to say (translate's fix), and
+    # where packages come from is no answer to a hang.
+    assert "ps -ef" not in outcome.msg and "dpkg --configure" not in outcome.msg
+
+
+def test_a_failure_that_is_not_a_hang_says_where_the_packages_must_come_from():
+    node = Node({}, {"kubeadm": ["1.36.3-1.1"], "kubelet": ["1.36.3-1.1"]})
+    node.script["install"] = ["fail"]
+    outcome, _ = run(node, hint="Set gpuboot.mirror.packages_url.")
+    assert outcome.failed and outcome.msg.endswith("was not found. Set gpuboot.mirror.packages_url."), outcome.msg
+    node = Node({}, {"kubeadm": ["1.36.3-1.1"], "kubelet": ["1.36.3-1.1"]})
+    node.script["install"] = ["hang"] * 3
+    outcome, _ = run(node, hint="Set gpuboot.mirror.packages_url.")
+    assert outcome.hung_tries == 3 and "packages_url" not in outcome.msg, outcome.msg
 
 
 def test_apt_s_lock_held_by_another_is_waited_out_and_a_real_error_is_not_tried_again():
@@ -194,7 +208,7 @@ def test_apt_s_lock_held_by_another_is_waited_out_and_a_real_error_is_not_tried_
     node = Node({}, {"kubeadm": ["1.36.3-1.1"], "kubelet": ["1.36.3-1.1"]})
     node.script["install"] = ["fail", "ok"]
     outcome, _ = run(node)
-    assert outcome.failed and not outcome.hung and len(managers(node)) == 1
+    assert outcome.failed and not outcome.hung_tries and len(managers(node)) == 1
     assert "exit 100" in outcome.msg and "Version '9.9' for 'kubeadm' was not found" in outcome.msg
 
 

@@ -70,3 +70,19 @@ def test_a_scenario_key_follows_the_doubles_it_names_and_no_other(content_copy):
     edit(copy / "tests" / "doubles" / "gpu_operator" / "upgrade.py", "a double no scenario names")
     assert molecule.scenario_key("kubeadm_join", IMAGE) == changed
     assert molecule.scenario_key("os_prep", IMAGE) == prep
+
+
+def test_a_scenario_key_follows_the_gpuboot_modules_its_role_calls_and_no_other(content_copy):
+    """A role calling gpuboot_packages is run again when that module or its module_utils change;
+    an edit to a module it does not call leaves its pass standing, and a role calling none
+    keeps its pass through both."""
+    copy = content_copy(("kube_packages", "kubeadm_init"), ("playbooks/library", "playbooks/module_utils"))
+    packages, init = molecule.scenario_key("kube_packages", IMAGE), molecule.scenario_key("kubeadm_init", IMAGE)
+    edit(copy / "playbooks" / "library" / "gpuboot_lock.py", "a module kube_packages does not call")
+    assert molecule.scenario_key("kube_packages", IMAGE) == packages
+    for changed in (copy / "playbooks" / "module_utils" / "gpuboot_packages.py",
+                    copy / "playbooks" / "library" / "gpuboot_packages.py"):
+        edit(changed)
+        assert molecule.scenario_key("kube_packages", IMAGE) != packages, changed
+        packages = molecule.scenario_key("kube_packages", IMAGE)
+    assert molecule.scenario_key("kubeadm_init", IMAGE) == init

@@ -130,7 +130,7 @@ def test_a_step_past_its_timeout_says_where_it_hung_and_that_a_rerun_is_safe():
 def test_a_package_try_stopped_after_its_time_says_so_with_its_tries():
     # gpuboot_packages' result when every try of a step passed its bound.
     res = {"msg": "apt-get (installing containerd.io) did not finish in 300 s on any of 3 tries; ...", "failed": True,
-           "hung": True, "tries": ["reading the sources try 1: exit 0 in 2.0 s"]
+           "hung_tries": 3, "tries": ["reading the sources try 1: exit 0 in 2.0 s"]
            + [f"installing containerd.io try {n}: stopped at 300 s with the 5 processes it had started" for n in (1, 2, 3)]}
     event = translate(ev("runner_on_failed", host="cp2", task="Container runtime | install containerd", res=res))
     assert event.message.startswith("apt-get (installing containerd.io) did not finish")
@@ -138,5 +138,5 @@ def test_a_package_try_stopped_after_its_time_says_so_with_its_tries():
     assert "dpkg --configure -a" in event.message
     # A package step that failed otherwise gets no such advice.
     res = {"msg": "apt-get (installing x) failed with exit 100: E: Version '9' for 'x' was not found", "failed": True,
-           "hung": False, "tries": ["installing x try 1: exit 100 in 0.4 s"]}
+           "hung_tries": 0, "tries": ["installing x try 1: exit 100 in 0.4 s"]}
     assert "did not finish" not in translate(ev("runner_on_failed", host="cp2", task="t", res=res)).message

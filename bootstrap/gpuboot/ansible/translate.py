@@ -87,23 +87,14 @@ def _no_space_fix(host: str, message: str) -> str:
             f"/tmp shows which is full. Free space there, then run gpuboot up again.")
 
 
-def _hung_tries(res: dict) -> int:
-    """How many tries of a package step passed their bound, when every one did (gpuboot_packages
-    stopped each with every process it started); 0 otherwise."""
-    if res.get("hung") is not True:
-        return 0
-    tries = [str(t) for t in res.get("tries") or []]
-    step = tries[-1].split(" try ")[0] if tries else ""
-    return sum(1 for t in tries if t.split(" try ")[0] == step) or 1
-
-
 def _timed_out_fix(host: str, res: Any) -> str:
     """A step that ran past its time: what hung is on the host, and the phase is safe to run again."""
     if not isinstance(res, dict):
         return ""
     if isinstance(res.get("timedout"), dict):
         bound = f"in {res['timedout'].get('period', 'its')} s"
-    elif hung := _hung_tries(res):
+    elif isinstance(hung := res.get("hung_tries"), int) and hung > 0:
+        # gpuboot_packages: every try of a step passed its bound and was stopped whole.
         bound = f"in its time on any of its {hung} tries"
     else:
         return ""

@@ -51,6 +51,10 @@ class ScenarioResult:
 # A path that a scenario's files name: a test double it copies in, a helper it runs, a release
 # file of the matrix it reads.
 _NAMED_PATH = re.compile(r"(?:tests/(?:doubles|support)|mirror/releases)/[\w.-]+(?:/[\w.-]+)*")
+# A task calling one of gpuboot's modules (`gpuboot_packages:`), and a module's import of
+# gpuboot's module_utils.
+_MODULE_CALL = re.compile(r"^[\s-]*(gpuboot_\w+):\s*$", re.MULTILINE)
+_UTILS_IMPORT = re.compile(r"ansible\.module_utils\.(gpuboot_\w+)")
 
 
 def _named_parts(root: Path, role: str) -> list[Path]:
@@ -68,15 +72,31 @@ def _named_parts(root: Path, role: str) -> list[Path]:
     return sorted(named)
 
 
+def _module_parts(root: Path, role: str) -> list[Path]:
+    """gpuboot's modules the role's tasks and scenario call, with the module_utils they import
+    (and those import): another module is not this role's input."""
+    library, utils = root / "playbooks" / "library", root / "playbooks" / "module_utils"
+    pending = [library / f"{name}.py" for file in sorted((root / "roles" / role).rglob("*.yml"))
+               for name in _MODULE_CALL.findall(file.read_text(errors="replace"))]
+    found: set[Path] = set()
+    while pending:
+        part = pending.pop()
+        if part in found or not part.is_file():
+            continue  # a variable named gpuboot_*, not a module
+        found.add(part)
+        pending += [utils / f"{name}.py" for name in _UTILS_IMPORT.findall(part.read_text(errors="replace"))]
+    return sorted(found)
+
+
 def scenario_key(role: str, image: str) -> str:
     """Everything a scenario's outcome depends on: the role with its scenario, the shared
     molecule config (driver, platforms, test sequence), the doubles, helpers and release files
-    the scenario names, gpuboot's modules (a role may call them), the node image, how the lab builds the containerd.io it offers, the
-    lock and this machine's installed tools (gpuboot_lab.fingerprint)."""
+    the scenario names, gpuboot's modules the role calls, the node image, how the lab builds the
+    containerd.io it offers, the lock and this machine's installed tools (gpuboot_lab.fingerprint)."""
     root = content.content_dir()
     digest = hashlib.sha256(f"{role}|{image}|{LAB_RELEASE}|{fingerprint_digest()}".encode())
-    parts = [root / "roles" / role, *_named_parts(root, role), root / ".config" / "molecule" / "config.yml",
-             root / "playbooks" / "library", root / "playbooks" / "module_utils",
+    parts = [root / "roles" / role, *_named_parts(root, role), *_module_parts(root, role),
+             root / ".config" / "molecule" / "config.yml",
              root / "pyproject.toml", root / "requirements.lock", Path(__file__), Path(artifacts.__file__),
              Path(kubernetes.__file__), root / "mirror" / "releases" / f"{LAB_RELEASE}.yml"]
     hash_files(digest, parts, lambda part: part.parent)
