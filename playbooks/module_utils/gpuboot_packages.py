@@ -190,7 +190,7 @@ class Outcome:
     installed: dict[str, str] = field(default_factory=dict)
     tries: list[str] = field(default_factory=list)  # each try, as the operator reads it
     failed: bool = False
-    hung_tries: int = 0  # the failed step's tries, when every one passed its bound
+    hung_tries: int = 0  # the failed step's tries that passed their bound, when its last one did
     msg: str = ""
 
 
@@ -201,40 +201,50 @@ def _describe(step: str, number: int, done: Try) -> str:
 
 
 def _attempt(manager, run: Runner, argv: list[str], step: str, tries: int, bound: float, delay: float,
-             outcome: Outcome, sleep: Callable[[float], None]) -> Try:
-    """The step's tries until one ends neither hung nor on apt's lock, or none are left; the last."""
+             outcome: Outcome, sleep: Callable[[float], None]) -> tuple[Try, int, int]:
+    """The step's tries until one ends neither hung nor on apt's lock, or none are left: the last
+    try, how many were made and how many of them hung."""
     number, done = 1, run(argv, bound)
     outcome.tries.append(_describe(step, number, done))
+    hung = int(done.hung)
     while (done.hung or manager.busy(done)) and number < tries:
         sleep(delay)
         number, done = number + 1, run(argv, bound)
         outcome.tries.append(_describe(step, number, done))
-    return done
+        hung += int(done.hung)
+    return done, number, hung
 
 
-def _failure(outcome: Outcome, manager, done: Try, step: str, tries: int, bound: float, hint: str) -> Outcome:
+def _failure(outcome: Outcome, manager, done: Try, step: str, made: int, hung: int, bound: float) -> Outcome:
     """What failed, as facts: what to do about a hang is the operator's view's to say (it knows
-    the host and the run), and `hint` says where the packages must come from otherwise."""
+    the host and the run)."""
     outcome.failed = True
     if done.hung:
-        outcome.hung_tries = tries
-        outcome.msg = (f"{manager.tool} ({step}) did not finish in {bound:.0f} s on any of {tries} tries; each try was "
-                       f"stopped with every process it started.")
+        outcome.hung_tries = hung
+        outcome.msg = (f"{manager.tool} ({step}) did not finish in {bound:.0f} s on {hung} of {made} tries; each such "
+                       f"try was stopped with every process it started.")
     else:
         detail = (done.err.strip() or done.out.strip()).splitlines()[-3:]
-        outcome.msg = _with_hint(f"{manager.tool} ({step}) failed with exit {done.rc}: " + " ".join(detail), hint)
+        outcome.msg = f"{manager.tool} ({step}) failed with exit {done.rc}: " + " ".join(detail)
     return outcome
-
-
-def _with_hint(message: str, hint: str) -> str:
-    return f"{message.rstrip('.')}. {hint}" if hint else message
 
 
 def converge(manager, wanted: list[Wanted], options: dict, check_mode: bool, run: Runner,
              sleep: Callable[[float], None] = time.sleep) -> Outcome:
     """Reads what is installed; where a wanted package is missing or at another version, reads
     the sources again (when they do not offer it, or when asked every time) and installs, each
-    step in bounded tries; then reads again and fails naming any package still off."""
+    step in bounded tries; then reads again and fails naming any package still off. The hint
+    (where the packages must come from) ends a failure that is not a hang: a hang is no
+    question of where packages come from."""
+    outcome = _converge(manager, wanted, options, check_mode, run, sleep)
+    hint = options.get("hint", "")
+    if outcome.failed and not outcome.hung_tries and hint:
+        outcome.msg = f"{outcome.msg.rstrip('.')}. {hint}"
+    return outcome
+
+
+def _converge(manager, wanted: list[Wanted], options: dict, check_mode: bool, run: Runner,
+              sleep: Callable[[float], None]) -> Outcome:
     outcome = Outcome()
     names = [w.name for w in wanted]
     current = manager.installed(run, names) if names else {}
@@ -251,23 +261,23 @@ def converge(manager, wanted: list[Wanted], options: dict, check_mode: bool, run
     if missing:
         steps.append(("installing " + ", ".join(w.name for w in missing), manager.install(missing, options)))
     for step, argv in steps:
-        done = _attempt(manager, run, argv, step, tries, bound, delay, outcome, sleep)
+        done, made, hung = _attempt(manager, run, argv, step, tries, bound, delay, outcome, sleep)
         if done.rc != 0:
-            return _failure(outcome, manager, done, step, tries, bound, options.get("hint", ""))
+            return _failure(outcome, manager, done, step, made, hung, bound)
     if missing:
         outcome.installed = manager.installed(run, names)
         still = [w for w in wanted if not w.met_by(outcome.installed.get(w.name))]
         down = manager.downgrade(still, options) if still else None
         if down:
-            done = _attempt(manager, run, down, "moving down " + ", ".join(w.name for w in still), tries, bound,
-                            delay, outcome, sleep)
+            done, made, hung = _attempt(manager, run, down, "moving down " + ", ".join(w.name for w in still), tries,
+                                  bound, delay, outcome, sleep)
             if done.rc != 0:
-                return _failure(outcome, manager, done, "downgrade", tries, bound, options.get("hint", ""))
+                return _failure(outcome, manager, done, "downgrade", made, hung, bound)
             outcome.installed = manager.installed(run, names)
             still = [w for w in wanted if not w.met_by(outcome.installed.get(w.name))]
         if still:
             outcome.failed = True
-            outcome.msg = _with_hint(f"{manager.tool} finished, yet " + ", ".join(
+            outcome.msg = f"{manager.tool} finished, yet " + ", ".join(
                 f"{w.name} is {outcome.installed.get(w.name, 'not installed')} (wanted {w.version or 'any'})"
-                for w in still), options.get("hint", ""))
+                for w in still)
     return outcome

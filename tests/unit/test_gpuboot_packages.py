@@ -182,11 +182,25 @@ def test_a_manager_that_hangs_on_every_try_fails_after_its_tries_naming_the_hang
     node.script["install"] = ["hang"] * 3
     outcome, sleeps = run(node, tries=3, try_timeout=20)
     assert outcome.failed and outcome.hung_tries == 3 and len(managers(node)) == 3 and sleeps == [5.0, 5.0]
-    assert "apt-get (installing kubeadm, kubelet) did not finish in 20 s on any of 3 tries" in outcome.msg
+    assert "apt-get (installing kubeadm, kubelet) did not finish in 20 s on 3 of 3 tries" in outcome.msg
     assert "stopped with every process it started" in outcome.msg
     # Facts only: what to do about a hang is the operator's view's to say (translate's fix), and
     # where packages come from is no answer to a hang.
     assert "ps -ef" not in outcome.msg and "dpkg --configure" not in outcome.msg
+
+
+def test_only_the_tries_that_hung_count_as_hung():
+    # apt's lock held twice, then a hang on the last try: one try hung, not three.
+    node = Node({}, {"kubeadm": ["1.36.3-1.1"], "kubelet": ["1.36.3-1.1"]})
+    node.script["install"] = ["busy", "busy", "hang"]
+    outcome, sleeps = run(node, tries=3, try_timeout=20)
+    assert outcome.failed and outcome.hung_tries == 1 and len(managers(node)) == 3, outcome
+    assert "did not finish in 20 s on 1 of 3 tries" in outcome.msg, outcome.msg
+    # A hang, then the lock on the last try: the step failed on the lock, not on a hang.
+    node = Node({}, {"kubeadm": ["1.36.3-1.1"], "kubelet": ["1.36.3-1.1"]})
+    node.script["install"] = ["hang", "busy"]
+    outcome, _ = run(node, tries=2, try_timeout=20)
+    assert outcome.failed and outcome.hung_tries == 0 and "exit" in outcome.msg, outcome.msg
 
 
 def test_a_failure_that_is_not_a_hang_says_where_the_packages_must_come_from():

@@ -153,9 +153,12 @@ def test_each_group_variable_is_defined_in_one_file():
 
 
 def test_the_model_is_the_one_owner_of_defaults(tmp_path):
-    """No playbook variable file restates a default of the settings: Ansible gets the
-    validated model as data (gpuboot_settings, gpuboot_nodes)."""
-    for path in (ROOT / "playbooks").rglob("*.yml"):
+    """No playbook or role file restates a default of the settings: Ansible gets the validated
+    model as data (gpuboot_settings, gpuboot_nodes); the roles' own defaults are held to their
+    specs and to what gpuboot feeds them by tests/unit/test_role_specs.py."""
+    scanned = [*(ROOT / "playbooks").rglob("*.yml"), *(ROOT / "roles").rglob("*.yml")]
+    assert any(p.name == "inputs.yml" for p in scanned)
+    for path in scanned:
         text = path.read_text()
         assert "gpuboot_defaults" not in text, path
         assert "combine(gpuboot" not in text, path

@@ -126,6 +126,18 @@ def test_the_key_holds_the_harness_the_lock_and_the_machine():
     assert any(p.startswith("ansible-core==") for p in key.parts["python"])
 
 
+def test_the_variables_that_only_place_the_tests_stay_out_of_the_key(monkeypatch):
+    # .ci/record runs with its clone's folder in GPUBOOT_RECORD_CLONE and CI without: a record
+    # keyed on it would never be CI's. A variable gpuboot reads is in the key.
+    from gpuboot_lab import fingerprint
+    for name in ("GPUBOOT_RECORD_CLONE", "GPUBOOT_TEST_LANES", "GPUBOOT_TEST_LANE", "GPUBOOT_MOLECULE_PARALLEL"):
+        monkeypatch.setenv(name, "/tmp/somewhere")
+        assert name not in fingerprint.environment(), name
+    monkeypatch.setenv("GPUBOOT_STATE_DIRX", "1")
+    monkeypatch.setenv("ANSIBLE_FORKS", "7")
+    assert {"GPUBOOT_STATE_DIRX", "ANSIBLE_FORKS"} <= set(fingerprint.environment())
+
+
 def test_a_role_is_keyed_but_not_its_molecule_scenario(tmp_path):
     tasks = tmp_path / "roles" / "calico" / "tasks" / "main.yml"
     verify = tmp_path / "roles" / "calico" / "molecule" / "default" / "verify.yml"

@@ -129,12 +129,12 @@ def test_a_step_past_its_timeout_says_where_it_hung_and_that_a_rerun_is_safe():
 
 def test_a_package_try_stopped_after_its_time_says_so_with_its_tries():
     # gpuboot_packages' result when every try of a step passed its bound.
-    res = {"msg": "apt-get (installing containerd.io) did not finish in 300 s on any of 3 tries; ...", "failed": True,
+    res = {"msg": "apt-get (installing containerd.io) did not finish in 300 s on 3 of 3 tries; ...", "failed": True,
            "hung_tries": 3, "tries": ["reading the sources try 1: exit 0 in 2.0 s"]
            + [f"installing containerd.io try {n}: stopped at 300 s with the 5 processes it had started" for n in (1, 2, 3)]}
     event = translate(ev("runner_on_failed", host="cp2", task="Container runtime | install containerd", res=res))
     assert event.message.startswith("apt-get (installing containerd.io) did not finish")
-    assert "did not finish on cp2 in its time on any of its 3 tries" in event.message
+    assert "did not finish on cp2 in its time on 3 of its tries" in event.message
     assert "dpkg --configure -a" in event.message
     # A package step that failed otherwise gets no such advice.
     res = {"msg": "apt-get (installing x) failed with exit 100: E: Version '9' for 'x' was not found", "failed": True,

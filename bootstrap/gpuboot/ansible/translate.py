@@ -94,8 +94,8 @@ def _timed_out_fix(host: str, res: Any) -> str:
     if isinstance(res.get("timedout"), dict):
         bound = f"in {res['timedout'].get('period', 'its')} s"
     elif isinstance(hung := res.get("hung_tries"), int) and hung > 0:
-        # gpuboot_packages: every try of a step passed its bound and was stopped whole.
-        bound = f"in its time on any of its {hung} tries"
+        # gpuboot_packages: the step's last try (and maybe others) passed its bound and was stopped whole.
+        bound = f"in its time on {hung} of its tries" if hung > 1 else "in its time on its last try"
     else:
         return ""
     return (f"\nfix: the step did not finish on {host} {bound} and was stopped. On {host}, see what it "

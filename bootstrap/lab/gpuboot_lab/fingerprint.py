@@ -26,6 +26,9 @@ HARNESS_VARIABLES = frozenset({
     "GPUBOOT_TEST_LANE",
     # How many molecule scenarios run at once: each has its own containers and state.
     "GPUBOOT_MOLECULE_PARALLEL",
+    # How .ci/run and .ci/record share the suite out, and where the record's clone lives:
+    # they place the tests, they change nothing a test runs.
+    "GPUBOOT_TEST_LANES", "GPUBOOT_RECORD_CLONE", "GPUBOOT_BENCH_MACHINE",
 })
 _READ_VARIABLES = re.compile(r"^(GPUBOOT|ANSIBLE|MOLECULE)_")
 
