@@ -51,3 +51,24 @@ def test_it_runs_in_the_environment_ci_gives_the_lanes():
 
 def test_it_is_valid_bash():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True).returncode == 0
+
+
+def test_it_ends_with_its_row_for_the_benchmarks_table():
+    """The row is the script's own, with the table's five columns (date | commit | result |
+    time | the slowest): the figures are written by the run that measured them."""
+    script = SCRIPT.read_text()
+    ending = script[script.index("# The row for docs/benchmarks.md"):]
+    header = next(line for line in (ROOT / "docs" / "benchmarks.md").read_text().split("## The recorded lab modules")[1]
+                  .splitlines() if line.startswith("| date"))
+    setup = ('began=$(( $(date +%s) - 4700 )); failed=0; '
+             'timings=("test_lab_cluster passed and recorded 40 min 20 s" "molecule 15 passed, 1 skipped"); '
+             'slowest=("test_upgrade 1422.52s")\n')
+    done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + setup + ending], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    row = done.stdout.splitlines()[-1]
+    assert row.count("|") == header.count("|") == 6, (row, header)
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", cells[0]) and "`bash .ci/record`" in cells[1]
+    assert cells[2] == "test_lab_cluster passed and recorded 40 min 20 s; molecule 15 passed, 1 skipped"
+    assert cells[3].startswith("78 min from the first module") and cells[4] == "test_upgrade 1422.52s"
