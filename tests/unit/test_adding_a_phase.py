@@ -67,6 +67,10 @@ def copy(tmp_path, monkeypatch):
         (tmp_path / "roles" / "node_banner" / name).write_text(text)
     (tmp_path / "playbooks" / "node_banner.yml").write_text(PLAYBOOK)
     monkeypatch.setenv(content.ENV_VAR, str(tmp_path))
+    # Ansible's roles path is set once per process from the content gpuboot runs with (a CLI
+    # process has one); this process may have rendered from the checkout already.
+    from ansible import constants
+    monkeypatch.setattr(constants, "DEFAULT_ROLES_PATH", [str(tmp_path / "roles"), *constants.DEFAULT_ROLES_PATH])
     monkeypatch.setattr(generated, "ROOT", tmp_path)
     for cached in (catalog.role_files, catalog.chart_release):
         cached.cache_clear()
