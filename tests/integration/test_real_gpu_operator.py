@@ -139,11 +139,18 @@ def chart_env(objects: list[dict]) -> dict[str, str]:
     return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
 
 
+# In the operator's own mount namespace: an empty /opt of its own, the image's assets bound at
+# /opt/gpu-operator. Nothing is made on the host, so operators run by other test lanes at the
+# same time never share (or remove) a mount point.
+OWN_OPT = ('mount -t tmpfs gpuboot-operator-opt /opt && mkdir /opt/gpu-operator'
+           ' && mount --bind "$0" /opt/gpu-operator && shift && exec "$@"')
+
+
 def start_operator(binary: Path, opt: Path, api: ApiServer, objects: list[dict], out) -> subprocess.Popen:
     """The operator as its Deployment runs it: the chart's environment, its operand manifests
-    at /opt/gpu-operator (bound there in a mount namespace of its own), output to `out`."""
+    at /opt/gpu-operator (in a mount namespace of its own), output to `out`."""
     return subprocess.Popen(
-        ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /opt/gpu-operator && shift && exec "$@"', str(opt),
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", OWN_OPT, str(opt),
          "x", str(binary), "-kubeconfig", str(api.kubeconfig), "-metrics-bind-address", "127.0.0.1:0",
          "-health-probe-bind-address", "127.0.0.1:0"],
         env=dict(os.environ, **chart_env(objects), OPERATOR_NAMESPACE=NAMESPACE), stdout=out, stderr=subprocess.STDOUT)
@@ -168,20 +175,8 @@ def deployed_images(api: ApiServer, seconds: float) -> tuple[dict[str, set[str]]
     return seen, list(daemonsets.values())
 
 
-@pytest.fixture(scope="module")
-def mount_point():
-    """/opt/gpu-operator to bind the assets on, in the operator's own mount namespace; removed
-    afterwards when this module made it."""
-    path = Path("/opt/gpu-operator")
-    made = not path.exists()
-    path.mkdir(parents=True, exist_ok=True)
-    yield path
-    if made and not any(path.iterdir()):
-        path.rmdir()
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_image, mount_point, api, helm, tmp_path):
+def test_the_real_operator_deploys_what_the_mirror_plan_lists(case, operator_image, api, helm, tmp_path):
     binary, opt = operator_image
     rendered = render_through_real_chart(CASES[case], "gpu-operator", "gpu_operator", helm, tmp_path)
     cluster, release, addon, objects = rendered.cluster, rendered.release, rendered.addon, rendered.objects

@@ -51,7 +51,7 @@ from tests.doubles.kubelet_double import (
 from tests.integration.test_addon_objects_dry_run import render_through_real_chart
 from tests.integration.test_addon_waits import wait as addon_wait
 from tests.integration.test_gpu_driver_upgrade import follow
-from tests.integration.test_real_gpu_operator import gpu_nodes, mount_point, operator_image, start_operator  # noqa: F401
+from tests.integration.test_real_gpu_operator import gpu_nodes, operator_image, start_operator  # noqa: F401
 from tests.support.apiserver import ApiServer
 from tests.support.modules import load_module
 
@@ -164,7 +164,7 @@ class OperatorLab:
 
 
 @pytest.fixture
-def operator_lab(request, operator_image, mount_point, api, helm, tmp_path):  # noqa: F811 (fixtures by name)
+def operator_lab(request, operator_image, api, helm, tmp_path):  # noqa: F811 (fixtures by name)
     """The case (time_slicing unless parametrized) rendered through the real chart and applied
     as the phase applies it, its GPU nodes Ready, the operator reconciling and each node's
     driver at the previous release's, upgrade-done."""
