@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,10 +20,29 @@ def _env() -> dict[str, str]:
                 GOMODCACHE=str(CACHE / "gomodcache"), GOCACHE=str(CACHE / "gocache"))
 
 
+# `replace <module> => ../dir`: a module of the doubles' tree that this one builds from source.
+LOCAL_REPLACE = re.compile(r"^\s*(?:replace\s+)?\S+\s+=>\s+(\.\.?/\S+)\s*$", re.M)
+
+
+def local_modules(module: Path) -> list[Path]:
+    """`module` and every module of the tree it builds from source (its local replaces', and theirs)."""
+    found, todo = [], [module.resolve()]
+    while todo:
+        current = todo.pop()
+        if current in found:
+            continue
+        found.append(current)
+        todo += [(current / target).resolve() for target in LOCAL_REPLACE.findall((current / "go.mod").read_text())]
+    return found
+
+
 def source_key(module: Path) -> str:
+    """What the binary is built from: the files of the module and of the local modules it
+    replaces in (their tests left out), and the Go version."""
     hashed = hashlib.sha256()
-    for path in sorted(p for p in module.rglob("*") if p.is_file() and not p.name.endswith("_test.go")):
-        hashed.update(str(path.relative_to(module)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for root in local_modules(module):
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith("_test.go")):
+            hashed.update(str(path.relative_to(DOUBLES)).encode() + b"\0" + path.read_bytes() + b"\0")
     go = subprocess.run(["go", "env", "GOVERSION"], env=_env(), capture_output=True, text=True, check=True)
     hashed.update(go.stdout.strip().encode())
     return hashed.hexdigest()[:16]

@@ -43,6 +43,8 @@ RECIPE_VERSION = "1"
 # controllers and Jobs use of them.
 BASE_PACKAGES = ["busybox-static", "ca-certificates"]
 BASE_LINKS = {"/bin/sh": "busybox", "/usr/sbin/chroot": "/bin/busybox"}
+# A pseudo-version (v0.0.0-20260421090033-dbd12d7e97a7): the commit is its last part.
+PSEUDO_VERSION = re.compile(r"v\d+\.\d+\.\d+-(?:\S+\.)?\d{14}-([0-9a-f]{12})$")
 # `path => ./dir`, alone on a replace line or in a replace block.
 LOCAL_REPLACE = re.compile(r"^\s*(?:replace\s+)?(\S+)\s+=>\s+\./\S+\s*$", re.M)
 
@@ -65,6 +67,10 @@ class OperatorImage:
     bin_path: str = "usr/bin"
     # Folders of the tree left out of its archive (a tree whose history lacks some of their blobs).
     archive_excludes: tuple[str, ...] = ()
+    # Dependencies the module proxy refuses (a pseudo-version of an unpublished commit): (module,
+    # repository, the module's folder in it), each built from that repository's tree at the
+    # commit its pseudo-version names.
+    from_trees: tuple[tuple[str, str, str], ...] = ()
 
     def image_path(self, name: str) -> str:
         return f"{self.bin_path}/{name}" if self.bin_path else name
@@ -124,6 +130,15 @@ OPERATORS = (
                ("deployment/network-operator/charts/maintenance-operator-chart/crds", "crds/maintenance-operator")),
         entrypoint=("/manager",), user="65532:65532", bin_path="",
         variables=(("github.com/Mellanox/network-operator/version.Version", "{version}"),)),
+    # The DOCA driver pod's init container: it reads its ConfigMap through the API and the
+    # host's /proc and /sys, no NIC, so the lab runs the real one. Its repository tags each
+    # Network Operator release (network-operator-vX), the tag the release's image has.
+    OperatorImage(
+        "network_operator", "initContainer", "tree:Mellanox/network-operator-init-container",
+        binaries=(("network-operator-init-container", "cmd/network-operator-init-container"),),
+        entrypoint=("/network-operator-init-container",), user="65532:65532", bin_path="",
+        from_trees=(("github.com/Mellanox/doca-driver-build/entrypoint", "Mellanox/doca-driver-build", "entrypoint"),),
+        variables=(("github.com/Mellanox/network-operator-init-container/pkg/utils/version.version", "{version}"),)),
 )
 
 # kube-vip (control_plane.mode kube_vip), from its repository's tree at the tag (the module
@@ -149,7 +164,8 @@ class OperatorBuild:
 
     def bin_dir(self, spec: OperatorImage, version: str) -> Path:
         recipe = hashlib.sha256(repr((RECIPE_VERSION, spec.source, spec.binaries, spec.variables,
-                                      spec.tags)).encode()).hexdigest()[:8]
+                                      spec.tags) + ((spec.from_trees,) if spec.from_trees else ())
+                                     ).encode()).hexdigest()[:8]
         name = spec.origin.replace("/", "+")
         return self.cache_dir / "bin" / f"{name}-{version}-{go_version()}-{recipe}"
 
@@ -192,7 +208,30 @@ class OperatorBuild:
                 self._module_dir(path, version)
                 subprocess.run(["go", "mod", "edit", f"-replace={path}={path}@{version}"], cwd=into, check=True,
                                env=self._env())
+        self._from_trees(spec, into)
         return into
+
+    def _from_trees(self, spec: OperatorImage, tree: Path) -> None:
+        """Each dependency the proxy refuses, from its repository's tree at the commit its
+        pseudo-version names, put in beside `tree` and replaced in."""
+        go_mod = (tree / "go.mod").read_text()
+        for module, repository, folder in spec.from_trees:
+            found = re.search(rf"^\s*{re.escape(module)}\s+(\S+)", go_mod, re.M)
+            if not found:
+                continue
+            commit = PSEUDO_VERSION.search(found.group(1))
+            git_dir = source_git_dir(repository, self.sources)
+            if commit is None or git_dir is None:
+                raise LabError(f"{module} {found.group(1)}: the module proxy refuses it and {repository}'s source "
+                               f"tree is not on this machine", hint=f"git clone --bare https://github.com/{repository} "
+                               f"{self.sources}/{repository.replace('/', '+')}/repo")
+            local = tree.parent / repository.replace("/", "+")
+            local.mkdir(parents=True, exist_ok=True)
+            archive = subprocess.run(["git", f"--git-dir={git_dir}", "archive", commit.group(1)], capture_output=True,
+                                     check=True)
+            subprocess.run(["tar", "-x", "-C", str(local)], input=archive.stdout, check=True)
+            subprocess.run(["go", "mod", "edit", f"-replace={module}={local / folder}"], cwd=tree, check=True,
+                           env=self._env())
 
     # -- builds ---------------------------------------------------------------------------
     def build(self, spec: OperatorImage, version: str) -> Path:

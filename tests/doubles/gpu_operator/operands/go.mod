@@ -18,3 +18,8 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260128011058-8636f8732409 // indirect
 	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
 )
+
+require gpuboot.local/doubles/deviceplugin v0.0.0
+
+// The kubelet side the doubles share, from the tree beside this one.
+replace gpuboot.local/doubles/deviceplugin => ../../deviceplugin

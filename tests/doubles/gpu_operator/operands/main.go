@@ -22,17 +22,15 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
-	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"gpuboot.local/doubles/deviceplugin"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -126,124 +124,22 @@ func endpoint(resource string) string {
 	return "nvidia-" + strings.TrimPrefix(resource, resourcePrefix) + ".sock"
 }
 
-// Serve registers every resource with the kubelet and serves it until ctx ends, registering
-// again after each kubelet restart.
 // Settings: how the plugin answers allocations.
 type Settings struct {
 	StrictShare bool // time-slicing's failRequestsGreaterThanOne
 	Listing     Listing
 }
 
+// Serve registers every resource with the kubelet and serves it until ctx ends, registering
+// again after each kubelet restart (tests/doubles/deviceplugin).
 func Serve(ctx context.Context, dir string, resources map[string][]Device, settings Settings) error {
-	kubeletSocket := filepath.Join(dir, filepath.Base(api.KubeletSocket))
-	for {
-		seen, err := waitFor(ctx, kubeletSocket)
-		if err != nil {
-			return nil // stopped
-		}
-		var servers []*grpc.Server
-		var sockets []string
-		for _, name := range sortedNames(resources) {
-			server, err := start(dir, name, resources[name], settings)
-			if err != nil {
-				return err
-			}
-			servers = append(servers, server)
-			sockets = append(sockets, filepath.Join(dir, endpoint(name)))
-			if err := register(ctx, kubeletSocket, name); err != nil {
-				log.Printf("registering %s: %v (retrying when the kubelet restarts)", name, err)
-			} else {
-				log.Printf("registered %s: %d devices", name, len(resources[name]))
-			}
-		}
-		restarted := waitForChange(ctx, kubeletSocket, seen, sockets)
-		for _, server := range servers {
-			server.Stop()
-		}
-		if !restarted {
-			return nil
-		}
-		log.Printf("the kubelet restarted: registering again")
+	var served []deviceplugin.Resource
+	for _, name := range sortedNames(resources) {
+		served = append(served, deviceplugin.Resource{Name: name, Endpoint: endpoint(name), Server: &plugin{
+			name: name, devices: resources[name], strictShare: settings.StrictShare, listing: settings.Listing}})
+		log.Printf("%s: %d devices", name, len(resources[name]))
 	}
-}
-
-func start(dir, name string, devices []Device, settings Settings) (*grpc.Server, error) {
-	path := filepath.Join(dir, endpoint(name))
-	_ = os.Remove(path)
-	listener, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("listening on %s: %v", path, err)
-	}
-	server := grpc.NewServer()
-	api.RegisterDevicePluginServer(server, &plugin{name: name, devices: devices, strictShare: settings.StrictShare,
-		listing: settings.Listing})
-	go func() { _ = server.Serve(listener) }()
-	return server, nil
-}
-
-func register(ctx context.Context, kubeletSocket, name string) error {
-	conn, err := grpc.NewClient("unix://"+kubeletSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	callCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	_, err = api.NewRegistrationClient(conn).Register(callCtx, &api.RegisterRequest{
-		Version: api.Version, Endpoint: endpoint(name), ResourceName: name,
-		Options: &api.DevicePluginOptions{GetPreferredAllocationAvailable: false},
-	})
-	return err
-}
-
-// socketID: what tells one kubelet.sock from the next: a restarted kubelet makes it anew (an
-// inode number can be reused, its change time is new).
-type socketID struct {
-	inode uint64
-	ctime syscall.Timespec
-}
-
-func identify(path string) (socketID, bool) {
-	info, err := os.Stat(path)
-	if err != nil {
-		return socketID{}, false
-	}
-	stat := info.Sys().(*syscall.Stat_t)
-	return socketID{stat.Ino, stat.Ctim}, true
-}
-
-// waitFor: the kubelet socket's identity once it exists.
-func waitFor(ctx context.Context, path string) (socketID, error) {
-	for {
-		if id, found := identify(path); found {
-			return id, nil
-		}
-		select {
-		case <-ctx.Done():
-			return socketID{}, ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
-}
-
-// waitForChange: true when the kubelet restarted (its socket made anew, or ours removed: a
-// starting kubelet deletes every plugin's socket), false when ctx ended.
-func waitForChange(ctx context.Context, path string, seen socketID, ours []string) bool {
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(time.Second):
-		}
-		if id, found := identify(path); found && id != seen {
-			return true
-		}
-		for _, socket := range ours {
-			if _, err := os.Stat(socket); err != nil {
-				return true
-			}
-		}
-	}
+	return deviceplugin.Serve(ctx, dir, served)
 }
 
 type plugin struct {
