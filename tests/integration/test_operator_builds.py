@@ -16,9 +16,8 @@ import pytest
 
 from gpuboot import matrix
 from gpuboot.mirror.bundle import Bundle
-from gpuboot.mirror.refs import parse_image
 from gpuboot_lab import LAB_RELEASE
-from gpuboot_lab.operators import OPERATORS, OperatorBuild, image_ref, images
+from gpuboot_lab.operators import OPERATORS, OperatorBuild, image_ref, images, source_version
 from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 
 pytestmark = pytest.mark.slow
@@ -66,7 +65,7 @@ def test_the_gpu_operator_image_carries_its_binaries_and_operand_manifests(built
 def test_nfd_reports_the_pinned_version(built):
     release, _, build, _ = built
     spec = next(s for s in OPERATORS if s.key == "nfd")
-    version = parse_image(image_ref(release, spec)).tag
+    version = source_version(release, spec)
     master = build.bin_dir(spec, version) / "nfd-master"
     proc = subprocess.run([str(master), "-version"], capture_output=True, text=True, timeout=30,
                           env=dict(os.environ, NODE_NAME="lab"))

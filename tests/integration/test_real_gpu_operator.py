@@ -33,10 +33,9 @@ import yaml
 
 from gpuboot import matrix
 from gpuboot.mirror.plan import Target, build
-from gpuboot.mirror.refs import parse_image
 from gpuboot_lab import LAB_RELEASE
 from gpuboot_lab.kubernetes import KubernetesBuild, matrix_versions
-from gpuboot_lab.operators import OPERATORS, OperatorBuild, image_ref
+from gpuboot_lab.operators import OPERATORS, OperatorBuild, source_version
 from tests.integration.test_addon_objects_dry_run import render_through_real_chart
 from tests.integration.test_double_schemas_vs_real_charts import source_tree
 from tests.support.apiserver import ETCD, ApiServer
@@ -72,7 +71,7 @@ def built_image(component: str, chart: str, root: Path) -> tuple[Path, Path]:
     the source tree, where it is absent."""
     release = matrix.load(LAB_RELEASE)
     spec = next(s for s in OPERATORS if s.component == component and s.key == "operator")
-    version = parse_image(image_ref(release, spec)).tag
+    version = source_version(release, spec)
     source_tree(chart, version.lstrip("v") if chart == "network-operator" else version, release.name)
     build = OperatorBuild(log=print)
     for path, data, mode in build.files(spec, version):

@@ -40,7 +40,6 @@ import yaml
 
 from gpuboot.mirror.plan import Target, build
 from gpuboot.mirror.refs import parse_image
-from gpuboot_lab.errors import LabError
 from gpuboot_lab.operators import OperatorBuild, OperatorImage
 from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 from tests.integration import test_real_gpu_operator
@@ -51,12 +50,12 @@ from tests.support.apiserver import ApiServer
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 FORK = "Mellanox/sriov-network-operator"
+# A dependency the module proxy refuses is built from its repository's tree at the commit its
+# pseudo-version names (gpuboot_lab.operators builds it so).
 SPEC = OperatorImage("network_operator", "sriovOperator", f"tree:{FORK}",
-                     binaries=(("sriov-network-operator", "."),), files=(("bindata", "bindata"),))
-# Dependencies the module proxy refuses, each from its repository's source tree at the commit
-# its pseudo-version names.
-FROM_TREES = {"github.com/k8snetworkplumbingwg/dra-driver-sriov": "k8snetworkplumbingwg/dra-driver-sriov"}
-PSEUDO = re.compile(r"v\d+\.\d+\.\d+-(?:\S+\.)?\d{14}-([0-9a-f]{12})$")
+                     binaries=(("sriov-network-operator", "."),), files=(("bindata", "bindata"),),
+                     from_trees=(("github.com/k8snetworkplumbingwg/dra-driver-sriov",
+                                  "k8snetworkplumbingwg/dra-driver-sriov", ""),))
 # A ConnectX-7 as sysfs shows it (the double's ports), and its VFs' device id.
 CX7 = {"vendor": "15b3", "deviceID": "1021", "driver": "mlx5_core", "totalvfs": 16}
 # Ports outside every group: ConnectX-6 Dx, else ConnectX-5, whichever no group selects.
@@ -69,31 +68,6 @@ KINDS = ("sriovnetworknodepolicies,sriovnetworknodestates,sriovnetworkpoolconfig
 SRIOV_IMAGES = ("sriovConfigDaemon", "sriovDevicePlugin", "sriovCni", "ibSriovCni", "ovsCni", "rdmaCni")
 
 api = test_real_gpu_operator.api
-
-
-class TreeBuild(OperatorBuild):
-    """The lab's operator build, with the refused dependencies replaced by their source trees."""
-
-    def tree(self, spec: OperatorImage, version: str, into: Path) -> Path:
-        tree = super().tree(spec, version, into)
-        go_mod = (tree / "go.mod").read_text()
-        for module, repository in FROM_TREES.items():
-            found = re.search(rf"^\s*{re.escape(module)}\s+(\S+)", go_mod, re.M)
-            if not found:
-                continue
-            commit = PSEUDO.search(found.group(1))
-            git_dir = source_git_dir(repository, self.sources)
-            if commit is None or git_dir is None:
-                raise LabError(f"{module} {found.group(1)}: the module proxy refuses it and {repository}'s source "
-                               f"tree is not on this machine", hint=f"git clone --bare https://github.com/{repository} "
-                               f"{self.sources}/{repository.replace('/', '+')}/repo")
-            local = into.parent / repository.replace("/", "+")
-            local.mkdir(parents=True, exist_ok=True)
-            archive = subprocess.run(["git", f"--git-dir={git_dir}", "archive", commit.group(1)], capture_output=True,
-                                     check=True)
-            subprocess.run(["tar", "-x", "-C", str(local)], input=archive.stdout, check=True)
-            subprocess.run(["go", "mod", "edit", f"-replace={module}={local}"], cwd=tree, check=True, env=self._env())
-        return tree
 
 
 def fork_ref(chart_tag: str) -> tuple[str, str]:
@@ -132,12 +106,12 @@ def operator(tmp_path_factory):
             ref, what = fork_ref(chart_tag)
             print(f"the SR-IOV operator for {chart_tag}: {what}")
             root = tmp_path_factory.mktemp("sriov-operator-image")
-            for repository in FROM_TREES.values():
+            for _, repository, _ in SPEC.from_trees:
                 if source_git_dir(repository) is None:
                     pytest.skip(f"{repository}'s source tree is not on this machine (the module proxy refuses the "
                                 f"module): git clone --bare https://github.com/{repository} "
                                 f"{SOURCE_ROOT}/{repository.replace('/', '+')}/repo")
-            builder = TreeBuild(log=print)
+            builder = OperatorBuild(log=print)
             binary = builder.build(SPEC, ref) / "sriov-network-operator"
             for path, data, mode in builder.files(SPEC, ref):
                 target = root / path

@@ -25,7 +25,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpuboot.matrix import Release
@@ -71,6 +71,9 @@ class OperatorImage:
     # repository, the module's folder in it), each built from that repository's tree at the
     # commit its pseudo-version names.
     from_trees: tuple[tuple[str, str, str], ...] = ()
+    # The source version to build, where the image's tag is not one (a vendor's build of an
+    # upstream project, tagged by the vendor's release): the nearest upstream release.
+    source_version: str = ""
 
     def image_path(self, name: str) -> str:
         return f"{self.bin_path}/{name}" if self.bin_path else name
@@ -87,6 +90,19 @@ class OperatorImage:
         return self.source.split(":", 1)[1]
 
 
+# Node Feature Discovery, from its module: the GPU Operator's chart pins an upstream release.
+NFD = OperatorImage(
+    "gpu_operator", "nfd", "module:sigs.k8s.io/node-feature-discovery",
+    binaries=(("nfd-master", "cmd/nfd-master"), ("nfd-worker", "cmd/nfd-worker"), ("nfd-gc", "cmd/nfd-gc")),
+    files=(("deployment/components/worker-config/nfd-worker.conf.example",
+            "etc/kubernetes/node-feature-discovery/nfd-worker.conf"),),
+    # The container image's: the host's /sys, /proc, /etc are mounted under /host-*.
+    variables=(("sigs.k8s.io/node-feature-discovery/pkg/version.version", "{version}"),
+               ("sigs.k8s.io/node-feature-discovery/pkg/utils/hostpath.pathPrefix", "/host-")),
+    # Its Dockerfile's USER: the chart's pods set runAsNonRoot, which a root image fails
+    # (seen in the lab: CreateContainerConfigError on every NFD pod).
+    user="65534:65534", tags="osusergo,netgo")
+
 GPU_OPERATOR_CRDS = ("nvidia.com_clusterpolicies.yaml", "nvidia.com_nvidiadrivers.yaml", "nvidia.com_gpuclusters.yaml")
 OPERATORS = (
     OperatorImage(
@@ -100,17 +116,7 @@ OPERATORS = (
                 "opt/gpu-operator/nfd-api-crds.yaml")),
         entrypoint=("/usr/bin/gpu-operator",), user="1000",
         variables=(("github.com/NVIDIA/gpu-operator/internal/info.version", "{version}"),)),
-    OperatorImage(
-        "gpu_operator", "nfd", "module:sigs.k8s.io/node-feature-discovery",
-        binaries=(("nfd-master", "cmd/nfd-master"), ("nfd-worker", "cmd/nfd-worker"), ("nfd-gc", "cmd/nfd-gc")),
-        files=(("deployment/components/worker-config/nfd-worker.conf.example",
-                "etc/kubernetes/node-feature-discovery/nfd-worker.conf"),),
-        # The container image's: the host's /sys, /proc, /etc are mounted under /host-*.
-        variables=(("sigs.k8s.io/node-feature-discovery/pkg/version.version", "{version}"),
-                   ("sigs.k8s.io/node-feature-discovery/pkg/utils/hostpath.pathPrefix", "/host-")),
-        # Its Dockerfile's USER: the chart's pods set runAsNonRoot, which a root image fails
-        # (seen in the lab: CreateContainerConfigError on every NFD pod).
-        user="65534:65534", tags="osusergo,netgo"),
+    NFD,
     # NVIDIA's k8s-device-plugin image: the device plugin, GPU Feature Discovery and the MPS
     # daemon read the GPUs through NVML, which needs a GPU, so the lab builds only its
     # config-manager (the device plugin's and GFD's config from a node label); a test adds the
@@ -139,6 +145,11 @@ OPERATORS = (
         entrypoint=("/network-operator-init-container",), user="65532:65532", bin_path="",
         from_trees=(("github.com/Mellanox/doca-driver-build/entrypoint", "Mellanox/doca-driver-build", "entrypoint"),),
         variables=(("github.com/Mellanox/network-operator-init-container/pkg/utils/version.version", "{version}"),)),
+    # The Network Operator chart's NFD (for a cluster without GPU nodes) is NVIDIA's build of a
+    # fork published under the operator's tag, not as a module; its subchart at v26.4.1 is
+    # upstream's chart of just before v0.19.0 (every flag it passes, v0.19.0 takes): the lab
+    # builds upstream v0.19.0 under that name.
+    replace(NFD, component="network_operator", source_version="v0.19.0"),
 )
 
 # kube-vip (control_plane.mode kube_vip), from its repository's tree at the tag (the module
@@ -294,6 +305,11 @@ def image_ref(release: Release, spec: OperatorImage) -> str:
     return ref
 
 
+def source_version(release: Release, spec: OperatorImage) -> str:
+    """The version of the source an image is built from: its tag, unless the spec names another."""
+    return spec.source_version or parse_image(image_ref(release, spec)).tag
+
+
 def images(bundle: Bundle, release: Release, build: OperatorBuild | None = None,
            specs: tuple[OperatorImage, ...] = OPERATORS,
            stand_ins: dict[str, list[tuple[str, bytes, int]]] | None = None) -> list[Artifact]:
@@ -305,7 +321,7 @@ def images(bundle: Bundle, release: Release, build: OperatorBuild | None = None,
     built = []
     for spec in specs:
         ref = image_ref(release, spec)
-        version = parse_image(ref).tag
+        version = source_version(release, spec)
         bin_dir = build.build(spec, version)
         entries = [(spec.image_path(name), (bin_dir / name).read_bytes(), 0o755) for name, _ in spec.binaries]
         entries += build.files(spec, version)
