@@ -26,9 +26,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     for spec in OPERATORS:
-        if spec.kind == "tree" and source_git_dir(spec.origin, SOURCE_ROOT) is None:
-            pytest.skip(f"{spec.origin}'s source tree is not on this machine: git clone --bare "
-                        f"https://github.com/{spec.origin} {SOURCE_ROOT}/{spec.origin.replace('/', '+')}/repo")
+        trees = ([spec.origin] if spec.kind == "tree" else []) + [repository for _, repository, _ in spec.from_trees]
+        for tree in trees:
+            if source_git_dir(tree, SOURCE_ROOT) is None:
+                pytest.skip(f"{tree}'s source tree is not on this machine: git clone --bare "
+                            f"https://github.com/{tree} {SOURCE_ROOT}/{tree.replace('/', '+')}/repo")
     release = matrix.load(LAB_RELEASE)
     bundle = Bundle(tmp_path_factory.mktemp("operators"))
     build = OperatorBuild(log=print)
@@ -70,3 +72,23 @@ def test_nfd_reports_the_pinned_version(built):
     proc = subprocess.run([str(master), "-version"], capture_output=True, text=True, timeout=30,
                           env=dict(os.environ, NODE_NAME="lab"))
     assert version in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_the_network_operators_nfd_is_upstreams_nearest_release_under_the_charts_name(built):
+    release, _, build, artifacts = built
+    spec = next(s for s in OPERATORS if s.component == "network_operator" and s.key == "nfd")
+    assert image_ref(release, spec) in artifacts
+    master = build.bin_dir(spec, source_version(release, spec)) / "nfd-master"
+    proc = subprocess.run([str(master), "-version"], capture_output=True, text=True, timeout=30,
+                          env=dict(os.environ, NODE_NAME="lab"))
+    assert spec.source_version in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_the_init_container_is_built_with_the_dependency_the_proxy_refuses(built):
+    release, bundle, build, artifacts = built
+    spec = next(s for s in OPERATORS if s.key == "initContainer")
+    files = layer_files(bundle, artifacts[image_ref(release, spec)])
+    assert files.get("network-operator-init-container") == 0o755, files
+    binary = build.bin_dir(spec, source_version(release, spec)) / "network-operator-init-container"
+    proc = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30)
+    assert "--configmap-name" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

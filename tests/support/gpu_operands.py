@@ -14,11 +14,9 @@ import json
 from gpuboot.matrix import Release
 from gpuboot.mirror.bundle import Artifact, Bundle
 from gpuboot_lab import operators
-from gpuboot_lab.artifacts import layer_tar, layered_image
 from tests.support import go_doubles
 from tests.support.addon_doubles import NVIDIA_SMI, VECTOR_ADD
-from tests.support.mirror_fixture import IMAGE_CACHE
-from tests.support.oci_layout import busybox_binaries
+from tests.support.shell_images import shell_image
 
 # Where the driver double keeps what NVML would report; the toolkit double's management CDI
 # spec mounts it into the operands, as the real one mounts the driver's libraries.
@@ -49,14 +47,6 @@ def driver_files(gpus: bytes) -> list[tuple[str, bytes, int]]:
     return [("/usr/bin/nvidia-smi", NVIDIA_SMI, 0o755), (HARDWARE, gpus, 0o644)]
 
 
-def _shell_image(bundle: Bundle, ref: str, files: list[tuple[str, bytes, int]], entrypoint: list[str],
-                 applets: tuple[str, ...] = ()) -> Artifact:
-    """An image of busybox's shell (and the `applets` a script of the operator's runs) and `files`."""
-    busybox = busybox_binaries(IMAGE_CACHE)["amd64"]
-    base = layer_tar([(f"bin/{name}", busybox, 0o755) for name in ("busybox", "sh", *applets)])
-    return layered_image(bundle, ref, [base, layer_tar(files)], {"Entrypoint": entrypoint})
-
-
 def images(bundle: Bundle, release: Release) -> list[Artifact]:
     """The GPU Operator's images for the lab: built from source where they can be, doubles where a GPU is needed."""
     refs = release.images["gpu_operator"]
@@ -67,10 +57,10 @@ def images(bundle: Bundle, release: Release) -> list[Artifact]:
                                         "devicePlugin": [("usr/bin/nvidia-device-plugin", operands, 0o755),
                                                          ("usr/bin/gpu-feature-discovery", operands, 0o755)]})
     return built + [
-        _shell_image(bundle, refs["toolkit"], [("usr/bin/nvidia-toolkit", toolkit, 0o755)], ["/usr/bin/nvidia-toolkit"]),
-        _shell_image(bundle, refs["dcgmExporter"], [("usr/bin/dcgm-exporter", operands, 0o755),
+        shell_image(bundle, refs["toolkit"], [("usr/bin/nvidia-toolkit", toolkit, 0o755)], ["/usr/bin/nvidia-toolkit"]),
+        shell_image(bundle, refs["dcgmExporter"], [("usr/bin/dcgm-exporter", operands, 0o755),
                                                      (DCGM_COLLECTORS, DCGM_FIELDS, 0o644)], ["/usr/bin/dcgm-exporter"]),
         # The operator runs the MIG manager through its entrypoint ConfigMap (/bin/sh, cat).
-        _shell_image(bundle, refs["migManager"], [("usr/bin/nvidia-mig-manager", operands, 0o755)],
+        shell_image(bundle, refs["migManager"], [("usr/bin/nvidia-mig-manager", operands, 0o755)],
                      ["/usr/bin/nvidia-mig-manager"], applets=("cat",)),
     ]

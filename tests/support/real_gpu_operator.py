@@ -6,20 +6,12 @@ hardware the operator and its operands look for: NFD's local feature file that s
 PCI device is there, and the preinstalled driver's double."""
 from __future__ import annotations
 
-import io
 import subprocess
-import tarfile
-import tempfile
 from pathlib import Path
 
 from gpuboot import matrix
-from gpuboot.mirror.bundle import Bundle
-from gpuboot.mirror.plan import PlannedChart
-from gpuboot.mirror.pull import chart_artifact
 from tests.integration.conftest import ssh
-from tests.integration.test_double_schemas_vs_real_charts import source_tree
-from tests.support import gpu_operands
-from tests.support.addon_doubles import add_to_bundle
+from tests.support import gpu_operands, upstream_charts
 
 # NFD's local source: a feature file under features.d labels the node as if its PCI scan found
 # an NVIDIA device (class 0302, vendor 10de), which is what the operator selects GPU nodes by.
@@ -27,37 +19,12 @@ FEATURES = "/etc/kubernetes/node-feature-discovery/features.d/gpuboot-double-har
 DOUBLE_FEATURES = "pci-10de.present=true\npci-0302_10de.present=true\n"
 
 
-def real_chart(helm: Path, release: matrix.Release, into: Path) -> tuple[str, bytes]:
-    """(version, archive) of the GPU Operator's chart at the release's tag, packaged by the real helm."""
-    version = release.gpu_operator["chart"]["version"]
-    upstream, git_dir, tag = source_tree("gpu-operator", version, release.name)
-    archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", tag, upstream.chart_dir],
-                             capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    packaged = subprocess.run([str(helm), "package", str(into / upstream.chart_dir), "--version", version,
-                               "--app-version", version, "--destination", str(into)],
-                              capture_output=True, text=True)
-    assert packaged.returncode == 0, packaged.stderr
-    return version, next(into.glob("gpu-operator-*.tgz")).read_bytes()
-
-
 def into_bundle(node_lab, release: matrix.Release) -> list[str]:
-    """The bundle's GPU Operator made real: doubles first (every planned image and the chart of
-    the GPU Operator and validate), then the real chart and the images built from source, with
-    the hardware's doubles, over them. Returns every planned image ref."""
-    images = add_to_bundle(node_lab.bundle, node_lab.inventory, node_lab.helm)
-    bundle = Bundle(node_lab.bundle)
-    name, artifacts = bundle.read_manifest()
-    planned_chart = next(a for a in artifacts if a.kind == "chart" and "gpu-operator" in a.ref)
-    with tempfile.TemporaryDirectory() as tmp:
-        version, archive = real_chart(node_lab.helm, release, Path(tmp))
-    chart = chart_artifact(bundle, PlannedChart("gpu_operator", planned_chart.ref.split("(")[-1].rstrip(")"),
-                                                "gpu-operator", version), archive)
-    real = [chart, *gpu_operands.images(bundle, release)]
-    replaced = {a.ref for a in real}
-    bundle.write_manifest(name, [a for a in artifacts if a.ref not in replaced] + real)
-    return images
+    """The bundle's GPU Operator made real (tests/support/upstream_charts.py), with the
+    hardware's doubles. Returns every planned image ref."""
+    return upstream_charts.into_bundle(node_lab, release.name, "gpu_operator", "gpu-operator",
+                                       release.gpu_operator["chart"]["version"],
+                                       lambda bundle, _: gpu_operands.images(bundle, release))
 
 
 def declare_hardware(info: dict, hardware: dict[str, bytes]) -> None:

@@ -1,0 +1,160 @@
+"""NVIDIA's real Network Operator in a real lab cluster (issue 29, points 3 and 4): one control
+plane, one HGX-like worker (eight ConnectX-7 InfiniBand fabric ports handed to pods by the RDMA
+shared device plugin, two ConnectX-6 Dx management ports in bond0) and one worker without
+RDMA, kubernetes-flavour nodes air-gapped behind the lab mirror, the Kubernetes built from Go
+modules and helm from its Go module. The Network Operator's real chart at the tag the release
+pins, packaged by the real helm from the source tree; its controller, the DOCA driver pod's
+init container and the chart's Node Feature Discovery (no GPU node here, so the chart's) built
+from their sources (`gpuboot_lab.operators`); installed by gpuboot's network_operator phase.
+
+TEST DOUBLES only where a ConnectX NIC is needed (tests/support/real_network_operator.py): the
+worker's hardware (a sysfs tree that preflight's real discovery reads, and the operand doubles
+too), declared to the real NFD through a local feature file; the DOCA driver and the RDMA
+shared device plugin (tests/doubles/network_operator/operands: the driver's readiness marker
+and modules as the operator's probes read them, the plugin's config, selectors and
+registration with the real kubelet as the real plugin's).
+
+What it shows: the real operator, fed gpuboot's NicClusterPolicy, places the DOCA driver and
+the RDMA shared device plugin on the HGX node only (the node NFD labelled), holds the plugin
+back until the driver is ready and says the policy is ready; the phase's wait and the gate pass
+on it; the kubelet advertises the shared ports as the inventory asks; every pod's image is one
+gpuboot's mirror plan holds and every planned image of what the operator deploys is deployed;
+a second run changes nothing."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from gpuboot import matrix
+from gpuboot.cli.main import run
+from gpuboot.config.loader import load_cluster
+from gpuboot.mirror import plan as mirror_plan
+from gpuboot_lab.cluster import LabSpec
+from tests.doubles.hardware.sysfs import build_tree, hgx_server
+from tests.support import real_network_operator
+from tests.support.addon_lab import addon_lab, kubectl, said
+from tests.support.reuse import reuse_module
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+NAME = "nreal"
+SUBNET = "10.213.88.0/24"
+RELEASE = "k8s-1.36"
+HGX, PLAIN = f"{NAME}-w1", f"{NAME}-w2"
+NAMESPACE = "nvidia-network-operator"
+FABRIC = [f"ens{i}f0np0" for i in range(1, 9)]
+SHARED = "nvidia.com/ib_shared"
+RDMA_HCA_MAX = 63
+NICS = [
+    {"name": "ib-fabric", "pf_names": FABRIC, "link_type": "ib", "resource_name": SHARED},
+    {"name": "mgmt", "pf_names": ["eno1np0", "eno2np0"], "purpose": "management"},
+]
+# Lab-only role inputs: discovery reads the double tree, whose bond0 carries the node's address.
+HGX_VARS = {"preflight_sys_root": f"{real_network_operator.HARDWARE_ROOT}/sys",
+            "preflight_proc_root": f"{real_network_operator.HARDWARE_ROOT}/proc",
+            "preflight_address_interface": "bond0"}
+MOFED_WAIT = "network.nvidia.com/operator.mofed.wait"
+# Planned for gpuboot itself, not for the operator: the RDMA bandwidth test a person runs.
+GPUBOOT_OWN = ("bandwidthTest",)
+
+
+@pytest.fixture(scope="module")
+def reused(request):
+    """The whole module is skipped as REUSED while nothing it depends on changed since it passed
+    on this machine (tests/support/reuse.py; GPUBOOT_TESTS_FRESH=1 runs it)."""
+    yield from reuse_module(request)
+
+
+@pytest.fixture
+def net_cluster(reused, lab_required, tmp_path, monkeypatch, capsys):
+    release = matrix.load(RELEASE)
+    spec = LabSpec(name=NAME, control_planes=1, workers=2, gpu_workers=0, subnet=SUBNET, flavour="kubernetes",
+                   release=RELEASE)
+    with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:
+        (node_lab.inventory.parent / "host_vars").mkdir()
+        (node_lab.inventory.parent / "host_vars" / f"{HGX}.yml").write_text(yaml.safe_dump(
+            {"gpuboot_node": {"os": "debian-12", "nics": NICS}, **HGX_VARS}))
+        tree = tmp_path / "hgx"
+        build_tree(hgx_server(gpus=0, nvswitches=0, connectx=8, link="ib", management=2, bond=True), tree)
+        images = real_network_operator.into_bundle(node_lab, release)
+        mirror = node_lab.start_mirror()
+        info = node_lab.info(images=images, mirror=mirror, release=release, out=tmp_path / "seen")
+        real_network_operator.declare_hardware(info, {HGX: tree})
+        try:
+            yield info
+        finally:
+            real_network_operator.keep(info["out"], info)
+
+
+def get(info, *args: str, namespace: tuple[str, ...] = ("-n", NAMESPACE)) -> list[dict]:
+    found = json.loads(kubectl(info, *namespace, "get", *args, "-o", "json"))
+    return found.get("items", [found])
+
+
+def changes(info) -> dict[str, int]:
+    record = json.loads((info["kubeconfig"].parent / "state.json").read_text())["phases"]
+    return {name: entry["changed"] for name, entry in record.items()}
+
+
+def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_advertises_its_shared_ports(
+        net_cluster, capsys):
+    info = net_cluster
+    seen = f"(what the cluster showed: {info['out']}, kept at the test's end)"
+    code = run(["up", str(info["inventory"]), "--to", "validate", "--skip-mirror-check"])
+    told = said(capsys)
+    assert code == 0, (told, seen)
+
+    # The gate's report: the HGX node's shared resource and the policy.
+    report = json.loads((info["kubeconfig"].parent / "validate.json").read_text())
+    assert report["short"] == 0, report
+    rows = {(r["node"], r["check"]): r for r in report["rows"]}
+    assert rows[(HGX, "fabric allocatable")]["got"] == f"{SHARED}={RDMA_HCA_MAX}", rows[(HGX, "fabric allocatable")]
+    assert rows[("-", "NicClusterPolicy")]["ok"]
+
+    # The kubelet advertises what the RDMA shared device plugin (its double, through the
+    # device-plugin API) registered, on the HGX node only.
+    nodes = {n["metadata"]["name"]: n for n in get(info, "nodes", namespace=())}
+    assert nodes[HGX]["status"]["allocatable"].get(SHARED) == str(RDMA_HCA_MAX), seen
+    assert not any(k.startswith("nvidia.com/") for k in nodes[PLAIN]["status"]["allocatable"]), seen
+    # The real NFD labelled the HGX node from its feature file and its own sources (the OS, the
+    # kernel), and the operator lifted its DOCA wait there once the driver was ready.
+    labels = nodes[HGX]["metadata"]["labels"]
+    assert labels.get("feature.node.kubernetes.io/pci-15b3.present") == "true", (labels, seen)
+    assert labels.get("feature.node.kubernetes.io/system-os_release.ID") == "debian", (labels, seen)
+    assert labels.get("feature.node.kubernetes.io/kernel-version.full"), (labels, seen)
+    assert labels.get(MOFED_WAIT) == "false", (labels, seen)
+    assert "feature.node.kubernetes.io/pci-15b3.present" not in nodes[PLAIN]["metadata"]["labels"], seen
+
+    # The policy the real operator reconciled: ready, with the DOCA driver and the RDMA shared
+    # device plugin, each on the HGX node only.
+    policy = get(info, "nicclusterpolicies.mellanox.com", "nic-cluster-policy", namespace=())[0]
+    assert policy["status"]["state"] == "ready", (policy["status"], seen)
+    pods = get(info, "pods")
+    on: dict[str, set[str]] = {}
+    for pod in pods:
+        for container in pod["spec"]["containers"]:
+            on.setdefault(container["name"], set()).add(pod["spec"].get("nodeName"))
+    assert on.get("mofed-container") == {HGX}, (on, seen)
+    assert on.get("rdma-shared-dp") == {HGX}, (on, seen)
+
+    # What the operator and the chart deployed is what gpuboot's mirror plan holds for them, and
+    # every pod's image was pulled through the mirror (init containers too).
+    release = info["release"]
+    plan = mirror_plan.build(release, mirror_plan.Target.of(load_cluster(info["inventory"]), release)).only(
+        {"network_operator"})
+    own = {release.images["network_operator"][key] for key in GPUBOOT_OWN}
+    mirror = f"{info['mirror']}/"
+    running = {c["image"].removeprefix(mirror) for pod in pods
+               for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", [])}
+    planned = {str(image.ref) for image in plan.images} - own
+    assert running == planned, (sorted(running - planned), sorted(planned - running), seen)
+    for pod in pods:
+        if pod["status"].get("phase") == "Running":
+            assert all(c["ready"] for c in pod["status"]["containerStatuses"]), (pod["metadata"]["name"], seen)
+
+    # A second run (forced: a plain up skips the phase as converged) changes nothing.
+    assert run(["up", str(info["inventory"]), "--from", "network_operator", "--to", "network_operator", "--force",
+                "--skip-mirror-check"]) == 0, said(capsys)
+    assert changes(info)["network_operator"] == 0, seen

@@ -1,0 +1,84 @@
+"""NVIDIA's real Network Operator in a kubernetes-flavour lab (tests/support/addon_lab.py): its
+chart at the tag the release pins (tests/support/upstream_charts.py); its controller, the DOCA
+driver pod's init container and the chart's Node Feature Discovery built from source
+(`gpuboot_lab.operators`); TEST DOUBLES only where a ConnectX NIC is needed
+(tests/doubles/network_operator/operands): the DOCA driver under every DOCA tag the mirror plan
+lists, and the RDMA shared device plugin. On each fabric node, the hardware they look for: NFD's
+local feature file that says a Mellanox PCI device is there, and the node's double sysfs tree
+where the operand doubles read it (the same tree preflight's discovery reads)."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from gpuboot import matrix
+from gpuboot.mirror.bundle import Artifact, Bundle
+from gpuboot_lab import operators
+from tests.integration.conftest import ssh
+from tests.support import go_doubles, upstream_charts
+from tests.support.shell_images import shell_image
+
+# NFD's local source: a feature file under features.d labels the node as if its PCI scan found
+# a Mellanox device (vendor 15b3), which the operator places the DOCA driver and the RDMA
+# shared device plugin by; NFD's own sources add the OS release and the kernel.
+FEATURES = "/etc/kubernetes/node-feature-discovery/features.d/gpuboot-double-nic"
+DOUBLE_FEATURES = "pci-15b3.present=true\n"
+# Where the operand doubles read the node's double hardware (the operands module's HardwareRoot
+# is its sys/ folder): under /dev, which the RDMA shared device plugin's pod mounts.
+HARDWARE_ROOT = "/dev/gpuboot-double"
+
+
+def images(bundle: Bundle, release: matrix.Release, planned: list[str]) -> list[Artifact]:
+    """The Network Operator's images for the lab: built from source where they can be, doubles
+    where a NIC is needed (every planned DOCA driver tag, the RDMA shared device plugin)."""
+    operands = go_doubles.build("network_operator/operands", "network-operands").read_bytes()
+    built = operators.images(bundle, release, specs=tuple(s for s in operators.OPERATORS
+                                                          if s.component == "network_operator"))
+    # The operator's probes run `ls` and `lsmod | grep` in the driver's container.
+    doca = [shell_image(bundle, ref, [("usr/local/bin/doca-driver", operands, 0o755),
+                                      ("usr/sbin/lsmod", operands, 0o755)],
+                        ["/usr/local/bin/doca-driver"], applets=("ls", "grep"))
+            for ref in planned if "/doca-driver:" in ref]
+    # The operator's DaemonSet runs it as /bin/k8s-rdma-shared-dp.
+    rdma = shell_image(bundle, release.images["network_operator"]["rdmaSharedDevicePlugin"],
+                       [("bin/k8s-rdma-shared-dp", operands, 0o755)], ["/bin/k8s-rdma-shared-dp"])
+    return [*built, *doca, rdma]
+
+
+def into_bundle(node_lab, release: matrix.Release) -> list[str]:
+    """The bundle's Network Operator made real, with the NIC's doubles. Returns every planned image ref."""
+    return upstream_charts.into_bundle(node_lab, release.name, "network_operator", "network-operator",
+                                       release.network_operator["chart"]["version"],
+                                       lambda bundle, planned: images(bundle, release, planned))
+
+
+def declare_hardware(info: dict, trees: dict[str, Path]) -> None:
+    """On each fabric node (name -> its double tree, as tests/doubles/hardware builds it): NFD's
+    feature file and the tree where the operand doubles (and preflight, through its lab-only
+    role inputs) read it."""
+    for node, tree in trees.items():
+        archive = subprocess.run(["tar", "-C", str(tree), "-c", "."], capture_output=True, check=True).stdout
+        for command, stdin in ((f"mkdir -p {Path(FEATURES).parent} && printf '{DOUBLE_FEATURES}' > {FEATURES}", None),
+                               (f"mkdir -p {HARDWARE_ROOT} && tar -x -C {HARDWARE_ROOT}", archive)):
+            done = ssh(info, node, command, stdin=stdin)
+            assert done.returncode == 0, f"{node}: {command}: {done.stderr}"
+
+
+def keep(out: Path, info: dict) -> None:
+    """What the cluster showed, for whoever reads a failure."""
+    out.mkdir(parents=True, exist_ok=True)
+    base = [str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "--request-timeout=20s"]
+    for label, args in {
+        "nicclusterpolicy": ["get", "nicclusterpolicies.mellanox.com", "-o", "yaml"],
+        "nodes": ["get", "nodes", "-o", "yaml"],
+        "workloads": ["get", "ds,deploy,pods,jobs", "-A", "-o", "wide"],
+        "events": ["get", "events", "-A", "--sort-by=.lastTimestamp"],
+    }.items():
+        done = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
+        (out / f"{label}.txt").write_text(done.stdout + done.stderr)
+    names = subprocess.run([*base, "-n", "nvidia-network-operator", "get", "pods", "-o", "name"], capture_output=True,
+                           text=True, timeout=60).stdout.split()
+    for pod in names:
+        done = subprocess.run([*base, "-n", "nvidia-network-operator", "logs", pod, "--all-containers", "--tail=200"],
+                              capture_output=True, text=True, timeout=60)
+        (out / f"log-{pod.split('/')[-1]}.txt").write_text(done.stdout + done.stderr)
