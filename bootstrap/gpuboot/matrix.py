@@ -22,6 +22,8 @@ class OsPackages(BaseModel):
     kube_packages: Component
     kernel_headers: str
     gpu_driver_container: bool
+    # Whether NVIDIA publishes a DOCA driver container for the OS (the Network Operator's ofedDriver).
+    doca_driver_container: bool
     # The OS part of the driver image tags; `{version}` is the node's VERSION_ID.
     image_os_tag: str
     # The tag carries the minor (rhel9.6), so nodes must say which minor they run.

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network
 
 from gpuboot.config.model import GpubootSettings, Nic, Node
+from gpuboot.errors import MatrixError
 from gpuboot.gpu_plan import Misfit
+from gpuboot.matrix import Release
 
 MELLANOX = "15b3"
 # gpuboot's node labels: a NIC group's policy and pool select its nodes by the first; the
@@ -82,6 +84,8 @@ class NicPlan:
     gpu_nodes: set[str] = field(default_factory=set)
     # Whether the cluster has gpu_workers, so the GPU Operator and its NFD are installed.
     gpu_operator: bool = False
+    # Whether the operator runs the DOCA driver container (gpuboot.network_operator.driver).
+    doca_driver: bool = True
 
     @property
     def fabric(self) -> list[NicGroup]:
@@ -125,7 +129,7 @@ class NicPlan:
         network_operator images); none without fabric NICs."""
         if not self.fabric:
             return ()
-        found = ["operator", "initContainer"] + (["nfd"] if self.own_nfd else [])
+        found = ["operator"] + (["initContainer"] if self.doca_driver else []) + (["nfd"] if self.own_nfd else [])
         if self.of_kind("rdma_shared", "both"):
             found.append("rdmaSharedDevicePlugin")
         vf_groups = self.of_kind("sriov", "both")
@@ -242,6 +246,7 @@ class NicPlan:
         """The resolution as Ansible reads it (extra variable gpuboot_network)."""
         return {
             "enabled": bool(self.fabric),
+            "doca_driver": bool(self.fabric) and self.doca_driver,
             "operands": list(self.operands()),
             "nfd": self.own_nfd,
             "sriov": bool(self.of_kind("sriov", "both")),
@@ -267,15 +272,16 @@ class NicPlan:
 
 
 class _Resolver:
-    def __init__(self, settings: GpubootSettings) -> None:
-        self.settings = settings
-        self.plan = NicPlan()
+    def __init__(self, settings: GpubootSettings, release: Release | None) -> None:
+        self.settings, self.release = settings, release
+        self.plan = NicPlan(doca_driver=settings.network_operator.driver == "container")
 
     def misfit(self, node: str, path: tuple, message: str, fix: str) -> None:
         self.plan.misfits.append(Misfit(node, path, message, fix))
 
     def node(self, node: Node) -> None:
         self.plan.nodes[node.name] = tuple(node.settings.nics)
+        self.doca_container(node)
         if node.role == "gpu_worker":
             self.plan.gpu_nodes.add(node.name)
         for index, nic in enumerate(node.settings.nics):
@@ -299,6 +305,27 @@ class _Resolver:
                                 f"NIC group {nic.name} selects ports by {_way(group.nic)} on {group.first} and by "
                                 f"{_way(nic)} here; its one policy lists one kind of selector",
                                 f"select {nic.name}'s ports by {_way(group.nic)} on every node")
+
+    def doca_container(self, node: Node) -> None:
+        """A fabric node whose OS has no DOCA driver container needs the host's driver: the
+        Network Operator refuses the OS (and NVIDIA's registry has no such image)."""
+        os_id = node.settings.os or (self.settings.node_os.id if self.settings.node_os else None)
+        if not self.plan.doca_driver or self.release is None or os_id is None:
+            return
+        if not any(nic.kind for nic in node.settings.nics):
+            return
+        try:
+            key, packages, _ = self.release.os_for(os_id)
+        except MatrixError:
+            return  # reported where the OS is resolved (the GPU plan, the mirror plan)
+        if packages.doca_driver_container:
+            return
+        with_one = [name for name, os in self.release.os.items() if os.doca_driver_container]
+        self.misfit(node.name, ("os",) if node.settings.os else ("nics",),
+                    f"NVIDIA publishes no DOCA driver container for {key}, and the Network Operator refuses "
+                    "that OS for one",
+                    "set gpuboot.network_operator.driver: host to use the nodes' own mlx5 driver (the kernel's, or "
+                    f"DOCA-Host installed with the OS), or run the fabric nodes on {', '.join(with_one)}")
 
     def groups(self) -> None:
         owners: dict[str, str] = {}
@@ -381,8 +408,10 @@ class _Resolver:
         self.misfit(node, ("nics", index, key), message, fix)
 
 
-def resolve(settings: GpubootSettings, nodes: list[Node] | tuple[Node, ...]) -> NicPlan:
-    resolver = _Resolver(settings)
+def resolve(settings: GpubootSettings, nodes: list[Node] | tuple[Node, ...], release: Release | None = None) -> NicPlan:
+    """What the Network Operator does with each node's NICs; with the release, each fabric
+    node's OS is held against the DOCA driver containers NVIDIA publishes."""
+    resolver = _Resolver(settings, release)
     resolver.plan.gpu_operator = any("gpu_workers" in node.groups for node in nodes)
     for node in nodes:
         if node.settings.nics:

@@ -3,23 +3,24 @@ plane, one HGX-like worker (eight ConnectX-7 InfiniBand fabric ports handed to p
 shared device plugin, two ConnectX-6 Dx management ports in bond0) and one worker without
 RDMA, kubernetes-flavour nodes air-gapped behind the lab mirror, the Kubernetes built from Go
 modules and helm from its Go module. The Network Operator's real chart at the tag the release
-pins, packaged by the real helm from the source tree; its controller, the DOCA driver pod's
-init container and the chart's Node Feature Discovery (no GPU node here, so the chart's) built
-from their sources (`gpuboot_lab.operators`); installed by gpuboot's network_operator phase.
+pins, packaged by the real helm from the source tree; its controller and the chart's Node
+Feature Discovery (no GPU node here, so the chart's) built from their sources
+(`gpuboot_lab.operators`); installed by gpuboot's network_operator phase. The nodes run Debian,
+for which NVIDIA publishes no DOCA driver container: the inventory says the host's driver
+serves (network_operator.driver host), as gpuboot demands there.
 
 TEST DOUBLES only where a ConnectX NIC is needed (tests/support/real_network_operator.py): the
-worker's hardware (a sysfs tree that preflight's real discovery reads, and the operand doubles
-too), declared to the real NFD through a local feature file; the DOCA driver and the RDMA
-shared device plugin (tests/doubles/network_operator/operands: the driver's readiness marker
-and modules as the operator's probes read them, the plugin's config, selectors and
-registration with the real kubelet as the real plugin's).
+worker's hardware (a sysfs tree that preflight's real discovery reads, and the plugin's double
+too), declared to the real NFD through a local feature file; the RDMA shared device plugin
+(tests/doubles/network_operator/operands: the real plugin's config rules, selectors and
+registration with the real kubelet).
 
-What it shows: the real operator, fed gpuboot's NicClusterPolicy, places the DOCA driver and
-the RDMA shared device plugin on the HGX node only (the node NFD labelled), holds the plugin
-back until the driver is ready and says the policy is ready; the phase's wait and the gate pass
-on it; the kubelet advertises the shared ports as the inventory asks; every pod's image is one
-gpuboot's mirror plan holds and every planned image of what the operator deploys is deployed;
-a second run changes nothing."""
+What it shows: the real operator, fed gpuboot's NicClusterPolicy, runs no driver container,
+lifts its driver wait on the node NFD labelled as holding a Mellanox NIC, places the RDMA
+shared device plugin there only and says the policy is ready; the phase's wait and the gate
+pass on it; the kubelet advertises the shared ports as the inventory asks; every pod's image is
+one gpuboot's mirror plan holds and every planned image of what the operator deploys is
+deployed; a second run changes nothing."""
 from __future__ import annotations
 
 import json
@@ -73,6 +74,9 @@ def net_cluster(reused, lab_required, tmp_path, monkeypatch, capsys):
     spec = LabSpec(name=NAME, control_planes=1, workers=2, gpu_workers=0, subnet=SUBNET, flavour="kubernetes",
                    release=RELEASE)
     with addon_lab(tmp_path, monkeypatch, capsys, spec) as node_lab:
+        data = node_lab.settings()
+        data["all"]["vars"]["gpuboot"]["network_operator"] = {"driver": "host"}
+        node_lab.write(data)
         (node_lab.inventory.parent / "host_vars").mkdir()
         (node_lab.inventory.parent / "host_vars" / f"{HGX}.yml").write_text(yaml.safe_dump(
             {"gpuboot_node": {"os": "debian-12", "nics": NICS}, **HGX_VARS}))
@@ -119,7 +123,7 @@ def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_adv
     assert nodes[HGX]["status"]["allocatable"].get(SHARED) == str(RDMA_HCA_MAX), seen
     assert not any(k.startswith("nvidia.com/") for k in nodes[PLAIN]["status"]["allocatable"]), seen
     # The real NFD labelled the HGX node from its feature file and its own sources (the OS, the
-    # kernel), and the operator lifted its DOCA wait there once the driver was ready.
+    # kernel), and the operator, with no driver container to wait for, lifted its wait there.
     labels = nodes[HGX]["metadata"]["labels"]
     assert labels.get("feature.node.kubernetes.io/pci-15b3.present") == "true", (labels, seen)
     assert labels.get("feature.node.kubernetes.io/system-os_release.ID") == "debian", (labels, seen)
@@ -127,8 +131,8 @@ def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_adv
     assert labels.get(MOFED_WAIT) == "false", (labels, seen)
     assert "feature.node.kubernetes.io/pci-15b3.present" not in nodes[PLAIN]["metadata"]["labels"], seen
 
-    # The policy the real operator reconciled: ready, with the DOCA driver and the RDMA shared
-    # device plugin, each on the HGX node only.
+    # The policy the real operator reconciled: ready, no driver container anywhere, the RDMA
+    # shared device plugin on the HGX node only.
     policy = get(info, "nicclusterpolicies.mellanox.com", "nic-cluster-policy", namespace=())[0]
     assert policy["status"]["state"] == "ready", (policy["status"], seen)
     pods = get(info, "pods")
@@ -136,7 +140,7 @@ def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_adv
     for pod in pods:
         for container in pod["spec"]["containers"]:
             on.setdefault(container["name"], set()).add(pod["spec"].get("nodeName"))
-    assert on.get("mofed-container") == {HGX}, (on, seen)
+    assert "mofed-container" not in on and "ofedDriver" not in policy["spec"], (on, seen)
     assert on.get("rdma-shared-dp") == {HGX}, (on, seen)
 
     # What the operator and the chart deployed is what gpuboot's mirror plan holds for them, and

@@ -1,11 +1,15 @@
 """NVIDIA's real Network Operator in a kubernetes-flavour lab (tests/support/addon_lab.py): its
-chart at the tag the release pins (tests/support/upstream_charts.py); its controller, the DOCA
-driver pod's init container and the chart's Node Feature Discovery built from source
-(`gpuboot_lab.operators`); TEST DOUBLES only where a ConnectX NIC is needed
-(tests/doubles/network_operator/operands): the DOCA driver under every DOCA tag the mirror plan
-lists, and the RDMA shared device plugin. On each fabric node, the hardware they look for: NFD's
-local feature file that says a Mellanox PCI device is there, and the node's double sysfs tree
-where the operand doubles read it (the same tree preflight's discovery reads)."""
+chart at the tag the release pins (tests/support/upstream_charts.py); its controller and the
+chart's Node Feature Discovery built from source (`gpuboot_lab.operators`); a TEST DOUBLE only
+where a ConnectX NIC is needed (tests/doubles/network_operator/operands): the RDMA shared device
+plugin. On each fabric node, the hardware they look for: NFD's local feature file that says a
+Mellanox PCI device is there, and the node's double sysfs tree where the plugin's double reads
+it (the same tree preflight's discovery reads).
+
+The lab's nodes run Debian, for which NVIDIA publishes no DOCA driver container (the operator
+refuses the OS for one): its fabric nodes use the host's driver (network_operator.driver host),
+so no driver container runs here; the container's path is held against the real operator on a
+real API server (tests/integration/test_real_network_operator*.py, Ubuntu nodes)."""
 from __future__ import annotations
 
 import subprocess
@@ -28,33 +32,28 @@ DOUBLE_FEATURES = "pci-15b3.present=true\n"
 HARDWARE_ROOT = "/dev/gpuboot-double"
 
 
-def images(bundle: Bundle, release: matrix.Release, planned: list[str]) -> list[Artifact]:
-    """The Network Operator's images for the lab: built from source where they can be, doubles
-    where a NIC is needed (every planned DOCA driver tag, the RDMA shared device plugin)."""
+def images(bundle: Bundle, release: matrix.Release) -> list[Artifact]:
+    """The Network Operator's images for the lab: built from source where they can be, a double
+    where a NIC is needed (the RDMA shared device plugin)."""
     operands = go_doubles.build("network_operator/operands", "network-operands").read_bytes()
     built = operators.images(bundle, release, specs=tuple(s for s in operators.OPERATORS
                                                           if s.component == "network_operator"))
-    # The operator's probes run `ls` and `lsmod | grep` in the driver's container.
-    doca = [shell_image(bundle, ref, [("usr/local/bin/doca-driver", operands, 0o755),
-                                      ("usr/sbin/lsmod", operands, 0o755)],
-                        ["/usr/local/bin/doca-driver"], applets=("ls", "grep"))
-            for ref in planned if "/doca-driver:" in ref]
     # The operator's DaemonSet runs it as /bin/k8s-rdma-shared-dp.
     rdma = shell_image(bundle, release.images["network_operator"]["rdmaSharedDevicePlugin"],
                        [("bin/k8s-rdma-shared-dp", operands, 0o755)], ["/bin/k8s-rdma-shared-dp"])
-    return [*built, *doca, rdma]
+    return [*built, rdma]
 
 
 def into_bundle(node_lab, release: matrix.Release) -> list[str]:
     """The bundle's Network Operator made real, with the NIC's doubles. Returns every planned image ref."""
     return upstream_charts.into_bundle(node_lab, release.name, "network_operator", "network-operator",
                                        release.network_operator["chart"]["version"],
-                                       lambda bundle, planned: images(bundle, release, planned))
+                                       lambda bundle, _: images(bundle, release))
 
 
 def declare_hardware(info: dict, trees: dict[str, Path]) -> None:
     """On each fabric node (name -> its double tree, as tests/doubles/hardware builds it): NFD's
-    feature file and the tree where the operand doubles (and preflight, through its lab-only
+    feature file and the tree where the plugin's double (and preflight, through its lab-only
     role inputs) read it."""
     for node, tree in trees.items():
         archive = subprocess.run(["tar", "-C", str(tree), "-c", "."], capture_output=True, check=True).stdout

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuboot import matrix
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import InventoryError
+from gpuboot.mirror import plan as mirror_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = ROOT / "tests" / "fixtures" / "mixed-fleet" / "hosts.ini"
@@ -174,3 +176,60 @@ def test_the_network_operator_brings_nfd_only_where_no_gpu_operator_does(tmp_pat
     # No fabric NIC, no Network Operator, no NFD of its.
     (tmp_path / "plain").mkdir()
     assert not load_cluster(fleet(tmp_path / "plain", "[]", "[]")).nic_plan.own_nfd
+
+
+SHARED = "- {name: fabric, pf_names: [ibs1], link_type: ib, resource_name: nvidia.com/ib_shared}\n"
+
+
+def shared_fleet(root: Path, gpuboot: str, node_b1: str | None = None) -> Path:
+    """Two racks over shared InfiniBand ports; `gpuboot` lines added to gpuboot's settings and,
+    given, node-b1's own settings (each case in a folder of its own: Ansible caches what it read)."""
+    root.mkdir()
+    path = fleet(root, SHARED, SHARED)
+    all_yml = root / "group_vars" / "all.yml"
+    all_yml.write_text(all_yml.read_text().replace("gpuboot:\n", "gpuboot:\n" + textwrap.indent(gpuboot, "  ")))
+    if node_b1 is not None:
+        (root / "host_vars").mkdir()
+        (root / "host_vars" / "node-b1.yml").write_text("gpuboot_node:\n" + textwrap.indent(node_b1, "  "))
+    return path
+
+
+def planned_images(path: Path) -> list[str]:
+    cluster, release = load_cluster(path), matrix.load("k8s-1.36")
+    return [str(i.ref) for i in mirror_plan.build(release, mirror_plan.Target.of(cluster, release)).images]
+
+
+def test_a_fabric_node_on_an_os_without_a_doca_driver_container_needs_the_hosts_driver(tmp_path):
+    """NVIDIA publishes the DOCA driver container for some OSes only; for another the Network
+    Operator refuses the OS (`distribution not supported`, its state-OFED) and the registry has
+    no image. gpuboot refuses such a fabric node where the file says, before any host is touched,
+    and network_operator.driver host lets the nodes' own mlx5 driver serve instead."""
+    debian = "node_os: {id: debian-12, kernels: [6.1.0-28-amd64]}\n"
+    found = problems(shared_fleet(tmp_path / "debian", debian))
+    assert {p.path for p in found} == {"node-a1.gpuboot_node.nics", "node-a2.gpuboot_node.nics",
+                                       "node-b1.gpuboot_node.nics"}, found
+    assert all("no DOCA driver container for debian-12" in p.message and "network_operator.driver: host" in p.fix
+               and "ubuntu-22.04" in p.fix for p in found), found
+    # A node of another OS, named in its own settings, is fine; one naming Debian itself is
+    # told so at its os.
+    mixed = shared_fleet(tmp_path / "mixed", debian, "os: ubuntu-22.04\nnics:\n" + textwrap.indent(SHARED, "  "))
+    assert {p.path for p in problems(mixed)} == {"node-a1.gpuboot_node.nics", "node-a2.gpuboot_node.nics"}
+    own = shared_fleet(tmp_path / "own", "node_os: {id: ubuntu-22.04}\n",
+                       "os: debian-12\nnics:\n" + textwrap.indent(SHARED, "  "))
+    assert {p.path for p in problems(own)} == {"node-b1.gpuboot_node.os"}
+
+    # The host's driver: no driver container, no init container, no DOCA image in the plan.
+    host = shared_fleet(tmp_path / "host", debian + "network_operator: {driver: host}\n")
+    plan = load_cluster(host).nic_plan
+    assert plan.as_data()["doca_driver"] is False and "initContainer" not in plan.operands()
+    images = planned_images(host)
+    assert not [i for i in images if "/doca-driver:" in i or "network-operator-init-container" in i], images
+    assert any("/k8s-rdma-shared-dev-plugin:" in i for i in images), images
+
+    # An OS with the container keeps it, planned per OS and architecture, with its init container.
+    ubuntu = shared_fleet(tmp_path / "ubuntu", "node_os: {id: ubuntu-22.04, kernels: [5.15.0-1048-nvidia]}\n")
+    images = planned_images(ubuntu)
+    version = matrix.load("k8s-1.36").network_operator["doca_driver_version"]
+    assert [i for i in images if "/doca-driver:" in i] == [
+        f"nvcr.io/nvidia/mellanox/doca-driver:{version}-ubuntu22.04-amd64"], images
+    assert any("network-operator-init-container" in i for i in images), images

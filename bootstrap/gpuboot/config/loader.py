@@ -92,8 +92,9 @@ def _misfits(inv: AnsibleInventory, misfits: list[gpu_plan.Misfit]) -> list[Prob
 
 def resolve_plans(cluster: Cluster) -> tuple[gpu_plan.GpuPlan, nic_plan.NicPlan]:
     """The GPU and NIC plans of a loaded cluster at its release (Cluster.gpu_plan/nic_plan)."""
-    return (gpu_plan.resolve(cluster.settings, matrix.load(cluster.settings.release), cluster.nodes),
-            nic_plan.resolve(cluster.settings, cluster.nodes))
+    release = matrix.load(cluster.settings.release)
+    return (gpu_plan.resolve(cluster.settings, release, cluster.nodes),
+            nic_plan.resolve(cluster.settings, cluster.nodes, release))
 
 
 def load_cluster(path: str | Path, *, check_files: bool = False, releases_dir: Path | None = None) -> Cluster:
@@ -142,6 +143,7 @@ def _validated(path: Path, check_files: bool, releases_dir: Path | None, *, loca
     if settings is not None and where is not None:
         offered = None
         by_group: dict[str, dict[str, int] | None] = {}
+        release = None
         try:
             release = matrix.load(settings.release, releases_dir)
         except MatrixError as exc:
@@ -157,7 +159,7 @@ def _validated(path: Path, check_files: bool, releases_dir: Path | None, *, loca
             for group in {t.node_group for t in settings.tenants if t.node_group}:
                 members = {n.name for n in nodes if group in n.groups and n.name in plan.nodes}
                 by_group[group] = (None if plan.misfits else plan.offered(members)) if members else {}
-        problems += _misfits(inv, nic_plan.resolve(settings, nodes).misfits)
+        problems += _misfits(inv, nic_plan.resolve(settings, nodes, release).misfits)
         problems += checks.addresses(settings, nodes, where)
         problems += checks.references(settings, nodes, where, inv.path, check_files=check_files)
         problems += checks.tenants(settings, offered, where, by_group)

@@ -271,6 +271,11 @@ class GpuOperator(Strict):
 
 
 class NetworkOperator(Strict):
+    # container: the operator runs NVIDIA's DOCA driver container on every fabric node (built on
+    # the node, or precompiled with gpuboot.drivers.precompiled); host: the nodes' own mlx5
+    # driver serves (the kernel's, or DOCA-Host installed with the OS), and no driver container
+    # runs. NVIDIA publishes the container for some OSes only (the release's doca_driver_container).
+    driver: Literal["container", "host"] = "container"
     # DOCA driver containers the operator replaces at once on a driver change.
     upgrade_max_parallel: int = Field(1, ge=1, le=64)
     # Nodes the SR-IOV operator may drain at once for a VF change (SriovNetworkPoolConfig).

@@ -87,12 +87,13 @@ class NodeTarget:
     gpu_driver: str | None = None   # container | precompiled | preinstalled; None: no GPU
     rdma: bool = False
     precompiled: bool = False       # gpuboot.drivers.precompiled (DOCA)
+    doca: bool = True               # the DOCA driver container runs (gpuboot.network_operator.driver)
 
     def holds(self, condition: str) -> bool:
         return {"gpu_container_driver": self.gpu_driver == "container",
                 "gpu_precompiled_driver": self.gpu_driver == "precompiled",
-                "rdma": self.rdma, "doca_container": self.rdma and not self.precompiled,
-                "doca_precompiled": self.rdma and self.precompiled}[condition]
+                "rdma": self.rdma, "doca_container": self.rdma and self.doca and not self.precompiled,
+                "doca_precompiled": self.rdma and self.doca and self.precompiled}[condition]
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class Target:
                 settings.node_os.kernels if settings.node_os else ())
             nodes.append(NodeTarget(key, tag, kernels, tuple(settings.node_os.architectures) if settings.node_os
                                     else ("amd64",), resolved.driver if resolved else None, rdma,
-                                    settings.drivers.precompiled))
+                                    settings.drivers.precompiled, settings.network_operator.driver == "container"))
         if unknown:
             raise MirrorError(
                 f"{cluster.inventory}: the OS of {', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''} is not "
@@ -140,7 +141,7 @@ class Target:
         optional = (("kai_scheduler",) if settings.kai_scheduler.enabled else ()) + (
             ("vcluster",) if any(t.vcluster.enabled for t in settings.tenants) else ()) + (
             ("kube_vip",) if settings.control_plane.mode == "kube_vip" else ())
-        return cls(tuple(dict.fromkeys(nodes)), gpu.operands(), nic_plan.resolve(settings, cluster.nodes).operands(),
+        return cls(tuple(dict.fromkeys(nodes)), gpu.operands(), nic_plan.resolve(settings, cluster.nodes, release).operands(),
                    optional)
 
 

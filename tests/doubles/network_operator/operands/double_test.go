@@ -139,37 +139,6 @@ func TestEachResourceAdvertisesRdmaHcaMaxWhereItsSelectorsTakeAPortWithRDMA(t *t
 	}
 }
 
-func TestTheDriverSetsTheMarkerWhileRunningAndClearsItWhenStopped(t *testing.T) {
-	host := t.TempDir()
-	ready := filepath.Join(host, "run", "mellanox", "drivers", ".driver-ready")
-	mounts := []string{filepath.Join(host, "etc", "os-release"), filepath.Dir(ready)}
-	if code := runDriver(mounts, ready, true, make(chan struct{})); code != 1 {
-		t.Fatalf("without the host's mounts: exit %d", code)
-	}
-	mustWrite(t, mounts[0], "ID=debian\n")
-	mustMkdir(t, mounts[1])
-	mustWrite(t, ready, "") // an earlier container's marker
-	if !strings.Contains(lsmod(ready), "mlx5_core") {
-		t.Fatal("lsmod without mlx5_core while the marker is there")
-	}
-	stop, done := make(chan struct{}), make(chan int)
-	go func() { done <- runDriver(mounts, ready, true, stop) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(lsmod(ready), "mlx5_core") && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	close(stop)
-	if code := <-done; code != 0 {
-		t.Fatalf("exit %d", code)
-	}
-	if _, err := os.Stat(ready); !os.IsNotExist(err) {
-		t.Fatalf("the marker stays after the driver stopped: %v", err)
-	}
-	if strings.Contains(lsmod(ready), "mlx5_core") {
-		t.Fatal("lsmod shows mlx5_core with no driver")
-	}
-}
-
 func TestThePluginRegistersItsResourcesAndListsThem(t *testing.T) {
 	dir, err := os.MkdirTemp("/tmp", "rdp") // unix socket paths are short
 	if err != nil {

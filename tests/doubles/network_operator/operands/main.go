@@ -1,12 +1,7 @@
 // TEST DOUBLES of the NVIDIA Network Operator's operands that need a ConnectX NIC, for lab nodes
 // that have none: one binary that, as busybox does, is the operand it is run as (the name the
 // image gives it):
-//   - doca-driver (doca.go): the DOCA driver container (the NicClusterPolicy's ofedDriver);
-//   - lsmod: what its probes run in that container;
 //   - k8s-rdma-shared-dp (rdma.go): the RDMA shared device plugin.
-//
-// The pod's init container is the real one (Mellanox/network-operator-init-container, built by
-// the lab): it needs the API and the host's /proc and /sys, no NIC.
 //
 // Each follows what the real one does with its inputs, as read from its source at the release
 // the matrix pins (Mellanox/network-operator's manifests, k8s-rdma-shared-dev-plugin), and reads
@@ -22,10 +17,6 @@ import (
 
 func main() {
 	switch filepath.Base(os.Args[0]) {
-	case "doca-driver":
-		os.Exit(docaDriverMain(os.Args[1:]))
-	case "lsmod":
-		os.Exit(lsmodMain())
 	case "k8s-rdma-shared-dp":
 		os.Exit(rdmaSharedMain(os.Args[1:]))
 	default:
