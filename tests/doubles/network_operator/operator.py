@@ -243,8 +243,9 @@ class DoubleNetworkOperator(DoubleController):
             body = (spec.get("secondaryNetwork") or {}).get(section)
             if body:
                 objects.append(self._daemonset(name, f"{body['repository']}/{body['image']}:{body['version']}", policy))
-        driver = spec["ofedDriver"]
-        known = self.doca_tags(driver) or []
+        # Without ofedDriver (the host's driver serves) the real operator runs no driver container.
+        driver = spec.get("ofedDriver")
+        known = (self.doca_tags(driver) or []) if driver else []
         missing = []
         unlabelled = []
         for node, facts in self.hardware.items():
@@ -255,15 +256,17 @@ class DoubleNetworkOperator(DoubleController):
                 # The real operator finds no node pool here: no driver, no plugin, and says nothing of the node.
                 unlabelled.append(node)
                 continue
-            precompiled = f"{driver['version']}-{facts['kernel']}-{facts['os_tag']}-{facts['arch']}"
-            if precompiled in known:
-                tag = precompiled
-            elif driver.get("forcePrecompiled"):
-                missing.append(f"ForcePrecompiled is enabled and precompiled tag was not found: {precompiled}")
-                continue
-            else:
-                tag = f"{driver['version']}-{facts['os_tag']}-{facts['arch']}"
-            objects.append(self._daemonset(f"mofed-{node}", f"{driver['repository']}/{driver['image']}:{tag}", policy, node))
+            if driver:
+                precompiled = f"{driver['version']}-{facts['kernel']}-{facts['os_tag']}-{facts['arch']}"
+                if precompiled in known:
+                    tag = precompiled
+                elif driver.get("forcePrecompiled"):
+                    missing.append(f"ForcePrecompiled is enabled and precompiled tag was not found: {precompiled}")
+                    continue
+                else:
+                    tag = f"{driver['version']}-{facts['os_tag']}-{facts['arch']}"
+                objects.append(self._daemonset(f"mofed-{node}", f"{driver['repository']}/{driver['image']}:{tag}",
+                                               policy, node))
             resources, errors = self.resources(node, labels, policy, sriov)
             current = {k: v for k, v in (nodes[node].get("status", {}).get("capacity") or {}).items()
                        if k.startswith((self.resource_prefix + "/", "rdma/"))}
@@ -283,8 +286,8 @@ class DoubleNetworkOperator(DoubleController):
                     if ds["metadata"]["name"] in {o["metadata"]["name"] for o in objects})
         ready = ready and not unlabelled
         state = "ready" if ready and not missing else "notReady"
-        status = {"state": state, "appliedStates": [{"name": "state-OFED", "state": "error" if missing else
-                                                     ("ready" if ready else "notReady"), "message": "; ".join(missing)}]}
+        status = {"state": state, "appliedStates": [{"name": "state-OFED", "state": "ignore" if not driver else (
+            "error" if missing else ("ready" if ready else "notReady")), "message": "; ".join(missing)}]}
         if {k: (policy.get("status") or {}).get(k) for k in status} != status:
             self._status("nicclusterpolicies.mellanox.com", "nic-cluster-policy", body=status)
         self.attach()
