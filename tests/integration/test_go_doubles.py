@@ -23,7 +23,7 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuboo
 
 
 def test_every_go_double_is_found():
-    assert {"gpu_operator/operands", "gpu_operator/toolkit"} <= set(MODULES)
+    assert {"gpu_operator/operands", "gpu_operator/toolkit", "network_operator/operands", "deviceplugin"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("module", MODULES)

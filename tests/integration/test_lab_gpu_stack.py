@@ -40,7 +40,7 @@ from gpuboot_lab.cluster import LabSpec, container_name
 from tests.doubles.hardware.sysfs import build_tree, hgx_server
 from tests.integration.conftest import ssh
 from tests.support import gpu_operands, real_gpu_operator
-from tests.support.addon_lab import addon_lab, kubectl, said
+from tests.support.addon_lab import addon_lab, kubectl, phase_changes, said
 from tests.support.reuse import reuse_module
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -122,11 +122,6 @@ def gpu_cluster(reused, lab_required, tmp_path, monkeypatch, capsys):
             yield info
         finally:
             real_gpu_operator.keep(out, info)
-
-
-def changes(info) -> dict[str, int]:
-    record = json.loads((info["kubeconfig"].parent / "state.json").read_text())["phases"]
-    return {name: entry["changed"] for name, entry in record.items()}
 
 
 def get(info, *args: str, namespace: tuple[str, ...] = ("-n", "gpu-operator")) -> list[dict]:
@@ -266,11 +261,11 @@ def test_the_real_gpu_operator_installs_from_the_mirror_and_the_nodes_advertise_
     # renders the same, the server-side diffs are empty, the labels put back are gpuboot's for
     # good, and no hook is applied again.
     assert force_gpu_operator(info) == 0, said(capsys)
-    assert changes(info)["gpu_operator"] == 0, seen
+    assert phase_changes(info)["gpu_operator"] == 0, seen
     # An object deleted behind gpuboot's back is put back by the next up.
     kubectl(info, "-n", "gpu-operator", "delete", "configmap", "gpuboot-device-plugin-config")
     assert force_gpu_operator(info) == 0, said(capsys)
-    assert changes(info)["gpu_operator"] > 0
+    assert phase_changes(info)["gpu_operator"] > 0
     kubectl(info, "-n", "gpu-operator", "get", "configmap", "gpuboot-device-plugin-config")
     capsys.readouterr()
 

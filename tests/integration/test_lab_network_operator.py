@@ -35,7 +35,7 @@ from gpuboot.mirror import plan as mirror_plan
 from gpuboot_lab.cluster import LabSpec
 from tests.doubles.hardware.sysfs import build_tree, hgx_server
 from tests.support import real_network_operator
-from tests.support.addon_lab import addon_lab, kubectl, said
+from tests.support.addon_lab import addon_lab, kubectl, phase_changes, said
 from tests.support.reuse import reuse_module
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -97,11 +97,6 @@ def get(info, *args: str, namespace: tuple[str, ...] = ("-n", NAMESPACE)) -> lis
     return found.get("items", [found])
 
 
-def changes(info) -> dict[str, int]:
-    record = json.loads((info["kubeconfig"].parent / "state.json").read_text())["phases"]
-    return {name: entry["changed"] for name, entry in record.items()}
-
-
 def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_advertises_its_shared_ports(
         net_cluster, capsys):
     info = net_cluster
@@ -161,4 +156,4 @@ def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_adv
     # A second run (forced: a plain up skips the phase as converged) changes nothing.
     assert run(["up", str(info["inventory"]), "--from", "network_operator", "--to", "network_operator", "--force",
                 "--skip-mirror-check"]) == 0, said(capsys)
-    assert changes(info)["network_operator"] == 0, seen
+    assert phase_changes(info)["network_operator"] == 0, seen

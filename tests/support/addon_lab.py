@@ -3,6 +3,7 @@ into a mirror bundle, helm built from its Go module, the nodes up and the invent
 that helm. The caller adds its doubles to the bundle and starts the mirror."""
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -78,3 +79,9 @@ def kubectl(info: dict, *args: str, stdin: str | None = None) -> str:
 def said(capsys) -> str:
     captured = capsys.readouterr()
     return (captured.out + captured.err)[-6000:]
+
+
+def phase_changes(info: dict) -> dict[str, int]:
+    """Each phase's changed-task count in the cluster's state record, as the last run left it."""
+    record = json.loads((info["kubeconfig"].parent / "state.json").read_text())["phases"]
+    return {name: entry["changed"] for name, entry in record.items()}

@@ -6,7 +6,6 @@ hardware the operator and its operands look for: NFD's local feature file that s
 PCI device is there, and the preinstalled driver's double."""
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from gpuboot import matrix
@@ -38,19 +37,6 @@ def declare_hardware(info: dict, hardware: dict[str, bytes]) -> None:
 
 def keep(out: Path, info: dict) -> None:
     """What the cluster showed, for whoever reads a failure."""
-    base = [str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "--request-timeout=20s"]
-    for label, args in {
+    upstream_charts.keep(out, info, "gpu-operator", {
         "clusterpolicy": ["get", "clusterpolicies.nvidia.com", "-o", "yaml"],
-        "nodes": ["get", "nodes", "-o", "yaml"],
-        "workloads": ["get", "ds,deploy,pods,jobs", "-A", "-o", "wide"],
-        "events": ["get", "events", "-A", "--sort-by=.lastTimestamp"],
-        "operator-log": ["-n", "gpu-operator", "logs", "deploy/gpu-operator", "--tail=400"],
-    }.items():
-        done = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
-        (out / f"{label}.txt").write_text(done.stdout + done.stderr)
-    names = subprocess.run([*base, "-n", "gpu-operator", "get", "pods", "-o", "name"], capture_output=True,
-                           text=True, timeout=60).stdout.split()
-    for pod in names:
-        done = subprocess.run([*base, "-n", "gpu-operator", "logs", pod, "--all-containers", "--tail=100"],
-                              capture_output=True, text=True, timeout=60)
-        (out / f"log-{pod.split('/')[-1]}.txt").write_text(done.stdout + done.stderr)
+        "operator-log": ["-n", "gpu-operator", "logs", "deploy/gpu-operator", "--tail=400"]})

@@ -65,19 +65,5 @@ def declare_hardware(info: dict, trees: dict[str, Path]) -> None:
 
 def keep(out: Path, info: dict) -> None:
     """What the cluster showed, for whoever reads a failure."""
-    out.mkdir(parents=True, exist_ok=True)
-    base = [str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "--request-timeout=20s"]
-    for label, args in {
-        "nicclusterpolicy": ["get", "nicclusterpolicies.mellanox.com", "-o", "yaml"],
-        "nodes": ["get", "nodes", "-o", "yaml"],
-        "workloads": ["get", "ds,deploy,pods,jobs", "-A", "-o", "wide"],
-        "events": ["get", "events", "-A", "--sort-by=.lastTimestamp"],
-    }.items():
-        done = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
-        (out / f"{label}.txt").write_text(done.stdout + done.stderr)
-    names = subprocess.run([*base, "-n", "nvidia-network-operator", "get", "pods", "-o", "name"], capture_output=True,
-                           text=True, timeout=60).stdout.split()
-    for pod in names:
-        done = subprocess.run([*base, "-n", "nvidia-network-operator", "logs", pod, "--all-containers", "--tail=200"],
-                              capture_output=True, text=True, timeout=60)
-        (out / f"log-{pod.split('/')[-1]}.txt").write_text(done.stdout + done.stderr)
+    upstream_charts.keep(out, info, "nvidia-network-operator", {
+        "nicclusterpolicy": ["get", "nicclusterpolicies.mellanox.com", "-o", "yaml"]}, tail=200)

@@ -48,3 +48,21 @@ def into_bundle(node_lab, release_name: str, component: str, chart: str, version
     replaced = {a.ref for a in real}
     bundle.write_manifest(name, [a for a in artifacts if a.ref not in replaced] + real)
     return images
+
+
+def keep(out: Path, info: dict, namespace: str, shown: dict[str, list[str]], tail: int = 100) -> None:
+    """What the cluster showed, for whoever reads a failure: `shown` (file label -> kubectl
+    arguments), the nodes, workloads and events, and the last lines of each pod of `namespace`."""
+    out.mkdir(parents=True, exist_ok=True)
+    base = [str(info["kubectl"]), "--kubeconfig", str(info["kubeconfig"]), "--request-timeout=20s"]
+    for label, args in {**shown, "nodes": ["get", "nodes", "-o", "yaml"],
+                        "workloads": ["get", "ds,deploy,pods,jobs", "-A", "-o", "wide"],
+                        "events": ["get", "events", "-A", "--sort-by=.lastTimestamp"]}.items():
+        done = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
+        (out / f"{label}.txt").write_text(done.stdout + done.stderr)
+    names = subprocess.run([*base, "-n", namespace, "get", "pods", "-o", "name"], capture_output=True,
+                           text=True, timeout=60).stdout.split()
+    for pod in names:
+        done = subprocess.run([*base, "-n", namespace, "logs", pod, "--all-containers", f"--tail={tail}"],
+                              capture_output=True, text=True, timeout=60)
+        (out / f"log-{pod.split('/')[-1]}.txt").write_text(done.stdout + done.stderr)

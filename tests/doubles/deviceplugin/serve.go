@@ -141,3 +141,21 @@ func waitForChange(ctx context.Context, path string, seen socketID, ours []strin
 		}
 	}
 }
+
+// Defaults: what a plugin answers where it has nothing of its own to say (no options, no
+// preferred allocation, nothing before a container starts), as NVIDIA's plugins answer.
+type Defaults struct {
+	api.UnimplementedDevicePluginServer
+}
+
+func (Defaults) GetDevicePluginOptions(context.Context, *api.Empty) (*api.DevicePluginOptions, error) {
+	return &api.DevicePluginOptions{}, nil
+}
+
+func (Defaults) GetPreferredAllocation(context.Context, *api.PreferredAllocationRequest) (*api.PreferredAllocationResponse, error) {
+	return &api.PreferredAllocationResponse{}, nil
+}
+
+func (Defaults) PreStartContainer(context.Context, *api.PreStartContainerRequest) (*api.PreStartContainerResponse, error) {
+	return &api.PreStartContainerResponse{}, nil
+}

@@ -6,11 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"gpuboot.local/doubles/deviceplugin"
+	"gpuboot.local/doubles/deviceplugin/plugintest"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -106,57 +103,23 @@ func TestTheRealPluginsRefusals(t *testing.T) {
 	}
 }
 
-func eventually(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 15 s: %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func TestRegistersListsAndAllocates(t *testing.T) {
-	dir, err := os.MkdirTemp("/tmp", "dp") // unix socket paths are short
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	first, err := deviceplugin.StartKubelet(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	resources, err := load(write(t, "c.yaml", "sharing:\n  timeSlicing:\n    failRequestsGreaterThanOne: true\n"+
 		"    resources:\n    - name: gpu\n      replicas: 4\n"), write(t, "g.json", twoL40S))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = Serve(ctx, dir, resources, Settings{StrictShare: true, Listing: Listing{EnvVar: true}}) }()
-	eventually(t, "registration", func() bool { return len(first.Registered()) == 1 })
-	if got := first.Registered()[0]; got != "nvidia.com/gpu@nvidia-gpu.sock" {
+	kubelet, dir := plugintest.Started(t, 1, func(ctx context.Context, dir string) {
+		_ = Serve(ctx, dir, resources, Settings{StrictShare: true, Listing: Listing{EnvVar: true}})
+	})
+	if got := kubelet.Registered()[0]; got != "nvidia.com/gpu@nvidia-gpu.sock" {
 		t.Fatalf("registered %s", got)
 	}
-
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "nvidia-gpu.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
+	client, listed := plugintest.Listed(t, dir, "nvidia-gpu.sock")
+	if len(listed) != 8 || listed[5].ID != "GPU-b::1" || listed[5].Health != api.Healthy {
+		t.Fatalf("listed %v", listed)
 	}
-	defer conn.Close()
-	client := api.NewDevicePluginClient(conn)
-	stream, err := client.ListAndWatch(ctx, &api.Empty{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	listed, err := stream.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(listed.Devices) != 8 || listed.Devices[5].ID != "GPU-b::1" || listed.Devices[5].Health != api.Healthy {
-		t.Fatalf("listed %v", listed.Devices)
-	}
+	ctx := context.Background()
 	allocated, err := client.Allocate(ctx, &api.AllocateRequest{ContainerRequests: []*api.ContainerAllocateRequest{
 		{DevicesIds: []string{"GPU-b::3"}}}})
 	if err != nil {

@@ -143,15 +143,11 @@ func Serve(ctx context.Context, dir string, resources map[string][]Device, setti
 }
 
 type plugin struct {
-	api.UnimplementedDevicePluginServer
+	deviceplugin.Defaults
 	name        string
 	devices     []Device
 	strictShare bool
 	listing     Listing
-}
-
-func (p *plugin) GetDevicePluginOptions(context.Context, *api.Empty) (*api.DevicePluginOptions, error) {
-	return &api.DevicePluginOptions{}, nil
 }
 
 func (p *plugin) ListAndWatch(_ *api.Empty, stream grpc.ServerStreamingServer[api.ListAndWatchResponse]) error {
@@ -192,14 +188,6 @@ func (p *plugin) Allocate(_ context.Context, request *api.AllocateRequest) (*api
 		response.ContainerResponses = append(response.ContainerResponses, p.listed(visible))
 	}
 	return response, nil
-}
-
-func (p *plugin) GetPreferredAllocation(context.Context, *api.PreferredAllocationRequest) (*api.PreferredAllocationResponse, error) {
-	return &api.PreferredAllocationResponse{}, nil
-}
-
-func (p *plugin) PreStartContainer(context.Context, *api.PreStartContainerRequest) (*api.PreStartContainerResponse, error) {
-	return &api.PreStartContainerResponse{}, nil
 }
 
 // listed: how the allocated devices reach the container, by the listing strategies. With only

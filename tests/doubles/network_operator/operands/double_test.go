@@ -6,11 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"gpuboot.local/doubles/deviceplugin"
+	"gpuboot.local/doubles/deviceplugin/plugintest"
 	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -140,47 +138,18 @@ func TestEachResourceAdvertisesRdmaHcaMaxWhereItsSelectorsTakeAPortWithRDMA(t *t
 }
 
 func TestThePluginRegistersItsResourcesAndListsThem(t *testing.T) {
-	dir, err := os.MkdirTemp("/tmp", "rdp") // unix socket paths are short
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	kubelet, err := deviceplugin.StartKubelet(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kubelet.Stop()
 	resource := SharedResource{Name: "nvidia.com/ib_shared", Socket: "ib_shared.sock", Devices: 3}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		_ = deviceplugin.Serve(ctx, dir, []deviceplugin.Resource{{Name: resource.Name, Endpoint: resource.Socket,
-			Server: &sharedPlugin{resource: resource, charDirs: t.TempDir()}}})
-	}()
-	deadline := time.Now().Add(15 * time.Second)
-	for len(kubelet.Registered()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	served := []deviceplugin.Resource{{Name: resource.Name, Endpoint: resource.Socket,
+		Server: &sharedPlugin{resource: resource, charDirs: t.TempDir()}}}
+	kubelet, dir := plugintest.Started(t, 1, func(ctx context.Context, dir string) { _ = deviceplugin.Serve(ctx, dir, served) })
 	if got := kubelet.Registered(); len(got) != 1 || got[0] != "nvidia.com/ib_shared@ib_shared.sock" {
 		t.Fatalf("registered %v", got)
 	}
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "ib_shared.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
+	client, listed := plugintest.Listed(t, dir, "ib_shared.sock")
+	if len(listed) != 3 || listed[2].ID != "2" || listed[2].Health != api.Healthy {
+		t.Fatalf("listed %v", listed)
 	}
-	defer conn.Close()
-	client := api.NewDevicePluginClient(conn)
-	stream, err := client.ListAndWatch(ctx, &api.Empty{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	listed, err := stream.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(listed.Devices) != 3 || listed.Devices[2].ID != "2" || listed.Devices[2].Health != api.Healthy {
-		t.Fatalf("listed %v", listed.Devices)
-	}
+	ctx := context.Background()
 	allocated, err := client.Allocate(ctx, &api.AllocateRequest{ContainerRequests: []*api.ContainerAllocateRequest{
 		{DevicesIds: []string{"1"}}}})
 	if err != nil || len(allocated.ContainerResponses) != 1 || len(allocated.ContainerResponses[0].Devices) != 0 {

@@ -148,13 +148,9 @@ func SharedResources(configs []UserConfig, ports []Port) []SharedResource {
 }
 
 type sharedPlugin struct {
-	api.UnimplementedDevicePluginServer
+	deviceplugin.Defaults
 	resource SharedResource
 	charDirs string
-}
-
-func (p *sharedPlugin) GetDevicePluginOptions(context.Context, *api.Empty) (*api.DevicePluginOptions, error) {
-	return &api.DevicePluginOptions{}, nil
 }
 
 func (p *sharedPlugin) ListAndWatch(_ *api.Empty, stream grpc.ServerStreamingServer[api.ListAndWatchResponse]) error {
@@ -185,14 +181,6 @@ func (p *sharedPlugin) Allocate(_ context.Context, request *api.AllocateRequest)
 		response.ContainerResponses = append(response.ContainerResponses, &api.ContainerAllocateResponse{Devices: specs})
 	}
 	return response, nil
-}
-
-func (p *sharedPlugin) GetPreferredAllocation(context.Context, *api.PreferredAllocationRequest) (*api.PreferredAllocationResponse, error) {
-	return &api.PreferredAllocationResponse{}, nil
-}
-
-func (p *sharedPlugin) PreStartContainer(context.Context, *api.PreStartContainerRequest) (*api.PreStartContainerResponse, error) {
-	return &api.PreStartContainerResponse{}, nil
 }
 
 func rdmaSharedMain(args []string) int {
