@@ -39,6 +39,7 @@ options:
   calico: {type: bool, default: false}
   namespace: {type: str, default: gpuboot-validate}
   timeout: {type: int, default: 180, description: Seconds each Job or probe may take.}
+  settle: {type: int, default: 60, description: "Seconds the node checks (allocatable, GFD labels) read the nodes again before a shortfall counts: the kubelet publishes a device plugin's devices in its next node status."}
 """
 
 import json
@@ -152,16 +153,8 @@ def check_operator(kube, namespace, gpu_nodes):
     return rows
 
 
-def check_fabric(kube, nodes, fabric_nodes, namespace, sriov):
+def check_fabric_resources(nodes, fabric_nodes):
     rows = []
-    policy = kube.read("nicclusterpolicies.mellanox.com", "nic-cluster-policy")
-    state = (policy or {}).get("status", {}).get("state") if policy else None
-    rows.append(row("-", "NicClusterPolicy", "ready", state or "missing", state == "ready",
-                    "" if state == "ready" else "the Network Operator has not made every component ready"))
-    states = {}
-    if sriov:
-        found = kube.read("sriovnetworknodestates.sriovnetwork.openshift.io", "-n", namespace) or {"items": []}
-        states = {s["metadata"]["name"]: s.get("status", {}) for s in found["items"]}
     for name, wanted in sorted(fabric_nodes.items()):
         node = nodes.get(name)
         if node is None:
@@ -174,12 +167,44 @@ def check_fabric(kube, nodes, fabric_nodes, namespace, sriov):
         rows.append(row(name, "fabric allocatable", _fmt({k: v if v is not None else ">0" for k, v in wanted.items()}),
                         _fmt(got), ok, "" if ok else "RDMA/VF resources differ from the NICs the inventory declares "
                         "(a selector that matches no port advertises 0)"))
-        if sriov:
-            status = states.get(name, {})
-            sync = status.get("syncStatus", "not reported")
-            rows.append(row(name, "VFs made", "Succeeded", sync, sync == "Succeeded",
-                            "" if sync == "Succeeded" else status.get("lastSyncError", "")))
     return rows
+
+
+def check_fabric(kube, fabric_nodes, namespace, sriov):
+    """The NicClusterPolicy and, with VFs, each fabric node's SR-IOV sync status."""
+    policy = kube.read("nicclusterpolicies.mellanox.com", "nic-cluster-policy")
+    state = (policy or {}).get("status", {}).get("state") if policy else None
+    rows = [row("-", "NicClusterPolicy", "ready", state or "missing", state == "ready",
+                "" if state == "ready" else "the Network Operator has not made every component ready")]
+    if not sriov:
+        return rows
+    found = kube.read("sriovnetworknodestates.sriovnetwork.openshift.io", "-n", namespace) or {"items": []}
+    states = {s["metadata"]["name"]: s.get("status", {}) for s in found["items"]}
+    for name in sorted(fabric_nodes):
+        status = states.get(name, {})
+        sync = status.get("syncStatus", "not reported")
+        rows.append(row(name, "VFs made", "Succeeded", sync, sync == "Succeeded",
+                        "" if sync == "Succeeded" else status.get("lastSyncError", "")))
+    return rows
+
+
+def read_nodes(kube):
+    # A kubectl that cannot answer fails the check; it is never read as "no nodes".
+    return {n["metadata"]["name"]: n for n in (kube.read("nodes") or {"items": []})["items"]}
+
+
+def settled(kube, checks, settle, clock=time.monotonic, sleep=time.sleep):
+    """The rows of the checks on the nodes' objects, read again every 5 s until all pass or
+    `settle` s have gone: the kubelet publishes a device plugin's devices in its next node
+    status (every 10 s by default) and GPU Feature Discovery labels on its own schedule, so a
+    plugin that registered a moment before reads 0 at first. Returns the nodes last read too."""
+    deadline = clock() + settle
+    while True:
+        nodes = read_nodes(kube)
+        rows = [r for check in checks for r in check(nodes)]
+        if all(r["ok"] for r in rows) or clock() >= deadline:
+            return nodes, rows
+        sleep(5)
 
 
 def check_attach(kube, namespace, networks, image, timeout):
@@ -327,6 +352,7 @@ def main():
         "calico": {"type": "bool", "default": False},
         "namespace": {"type": "str", "default": "gpuboot-validate"},
         "timeout": {"type": "int", "default": 180},
+        "settle": {"type": "int", "default": 60},
     }, supports_check_mode=False)
     p = module.params
     kube = Kube(p["kubeconfig"])
@@ -336,17 +362,19 @@ def main():
             "pod-security.kubernetes.io/enforce": "baseline"}}})
         changed = True
     rows = []
+    checks = []
+    if p["gpu_nodes"]:
+        checks += [lambda nodes: check_resources(nodes, p["gpu_nodes"]), lambda nodes: check_gfd_labels(nodes, p["gpu_nodes"])]
+    if p["fabric_nodes"]:
+        checks.append(lambda nodes: check_fabric_resources(nodes, p["fabric_nodes"]))
     try:
-        # A kubectl that cannot answer fails the check; it is never read as "no nodes, no pods".
-        nodes = {n["metadata"]["name"]: n for n in (kube.read("nodes") or {"items": []})["items"]}
+        nodes, rows = settled(kube, checks, p["settle"])
         if p["gpu_nodes"]:
-            rows += check_resources(nodes, p["gpu_nodes"])
-            rows += check_gfd_labels(nodes, p["gpu_nodes"])
             rows += check_operator(kube, p["gpu_namespace"], p["gpu_nodes"])
             if p["smoke_image"]:
                 rows += check_smoke(kube, p["namespace"], p["gpu_nodes"], p["smoke_image"], p["timeout"])
         if p["fabric_nodes"]:
-            rows += check_fabric(kube, nodes, p["fabric_nodes"], p["network_namespace"], p["sriov"])
+            rows += check_fabric(kube, p["fabric_nodes"], p["network_namespace"], p["sriov"])
             if p["probe_image"]:
                 rows += check_attach(kube, p["namespace"], p["networks"], p["probe_image"], p["timeout"])
         if p["calico"]:

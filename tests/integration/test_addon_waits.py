@@ -2,9 +2,10 @@
 gpu_operator role's ready.yml, run by the real ansible-playbook (local connection) with the
 real kubectl, and the network_operator role's. The operators cannot run here, so the test
 writes the status they would write (TigeraStatus conditions, the ClusterPolicy's and the
-NicClusterPolicy's state, each SR-IOV node state's sync status). Shown: a wait passes when every
-component is Available (the policy ready), and otherwise stops naming each component with
-the reason and message of its Degraded condition (the policy's state). Operand pods named
+NicClusterPolicy's state, each SR-IOV node state's sync status, the fabric nodes' allocatable).
+Shown: a wait passes when every component is Available (the policy ready), and otherwise stops
+naming each component with the reason and message of its Degraded condition (the policy's
+state). Operand pods named
 with their node and reason are shown in the lab (test_lab_gpu_stack.py)."""
 from __future__ import annotations
 
@@ -182,6 +183,15 @@ def test_network_operator_wait_needs_the_policy_ready_and_every_fabric_node_s_vf
         _network_operator_wait(api, tmp_path)
     finally:
         api.kubectl("delete", "nicclusterpolicies.mellanox.com", "nic-cluster-policy", "--ignore-not-found")
+        api.kubectl("delete", "nodes", "hgx01", "hgx02", "--ignore-not-found")
+
+
+def allocatable(api, node: str, resources: dict[str, str]) -> None:
+    """What the kubelet would publish once a device plugin registered its devices."""
+    body = {"cpu": "2", "memory": "8Gi", "pods": "110", **resources}
+    # Replaced whole: a merge would keep a resource the kubelet no longer lists.
+    api.kubectl("patch", "nodes", node, "--subresource=status", "--type=json", "-p", json.dumps(
+        [{"op": "add", "path": "/status", "value": {"capacity": body, "allocatable": body}}]))
 
 
 def _network_operator_wait(api, tmp_path):
@@ -189,7 +199,11 @@ def _network_operator_wait(api, tmp_path):
         api.kubectl("apply", "-f", "-", stdin=json.dumps({
             "apiVersion": "sriovnetwork.openshift.io/v1", "kind": "SriovNetworkNodeState",
             "metadata": {"name": node, "namespace": "nvidia-network-operator"}, "spec": {}}))
-    plan = {"sriov": True, "node_labels": {"hgx01": {}, "hgx02": {}}}
+    for node in ("hgx01", "hgx02"):
+        api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+        allocatable(api, node, {"nvidia.com/ib_vf": "8", "nvidia.com/ib_shared": "63"})
+    plan = {"sriov": True, "nfd": True, "node_labels": {"hgx01": {}, "hgx02": {}},
+            "nodes": {node: {"resources": {"nvidia.com/ib_vf": 8, "nvidia.com/ib_shared": 63}} for node in ("hgx01", "hgx02")}}
     variables = {"network_operator_kubeconfig": str(api.kubeconfig), "network_operator_ready_timeout": 5,
                  "network_operator_plan": plan, "network_operator_release": {}, "network_operator_images": {}}
     missing = "ForcePrecompiled is enabled and precompiled tag was not found: 1-6.8.0-51-generic-ubuntu24.04-amd64"
@@ -201,6 +215,13 @@ def _network_operator_wait(api, tmp_path):
     # The operator's own reason per component; a ready component is not named.
     assert f"- state-OFED: error {missing}" in short.stdout, short.stdout[-3000:]
     assert "state-RDMA-device-plugin" not in short.stdout
+    # No NFD here: each fabric node is named with the labels the operator places its operands by.
+    assert "- hgx01: no feature.node.kubernetes.io/pci-15b3.present" in short.stdout, short.stdout[-3000:]
+    for node in ("hgx01", "hgx02"):
+        api.kubectl("label", "node", node, "feature.node.kubernetes.io/pci-15b3.present=true",
+                    "feature.node.kubernetes.io/system-os_release.ID=ubuntu",
+                    "feature.node.kubernetes.io/system-os_release.VERSION_ID=24.04",
+                    "feature.node.kubernetes.io/kernel-version.full=6.8.0-51-generic")
     status(api, "nicclusterpolicies.mellanox.com", "nic-cluster-policy", {"state": "ready"})
     api.kubectl("patch", "sriovnetworknodestates.sriovnetwork.openshift.io", "hgx01", "-n", "nvidia-network-operator",
                 "--subresource=status", "--type=merge", "-p", json.dumps({"status": {"syncStatus": "Succeeded"}}))
@@ -213,5 +234,13 @@ def _network_operator_wait(api, tmp_path):
     assert "- hgx01:" not in short.stdout
     api.kubectl("patch", "sriovnetworknodestates.sriovnetwork.openshift.io", "hgx02", "-n", "nvidia-network-operator",
                 "--subresource=status", "--type=merge", "-p", json.dumps({"status": {"syncStatus": "Succeeded"}}))
+    # The policy is ready and the VFs made, but hgx02's kubelet has not yet published what its
+    # device plugins registered (its next node status): the phase is not done.
+    allocatable(api, "hgx02", {"nvidia.com/ib_shared": "63"})
+    short = wait(api, tmp_path, "network_operator", variables)
+    assert short.returncode != 0 and "- hgx02: nvidia.com/ib_vf=0 (want 8): the device plugin has not registered" \
+        in short.stdout, short.stdout[-3000:]
+    assert "- hgx01:" not in short.stdout and "hgx02: nvidia.com/ib_shared" not in short.stdout
+    allocatable(api, "hgx02", {"nvidia.com/ib_vf": "8", "nvidia.com/ib_shared": "63"})
     ok = wait(api, tmp_path, "network_operator", variables)
     assert ok.returncode == 0, ok.stdout[-3000:]

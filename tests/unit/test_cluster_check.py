@@ -163,8 +163,10 @@ def test_a_kubectl_failure_is_a_failure_not_an_empty_answer():
     with pytest.raises(check.KubeError):
         check.check_calico(FakeKube({("tigerastatuses.operator.tigera.io",): FAILS}))
     with pytest.raises(check.KubeError):
-        check.check_fabric(FakeKube({("nicclusterpolicies.mellanox.com", "nic-cluster-policy"): FAILS}), {}, {},
+        check.check_fabric(FakeKube({("nicclusterpolicies.mellanox.com", "nic-cluster-policy"): FAILS}), {},
                            "nvidia-network-operator", False)
+    with pytest.raises(check.KubeError):
+        check.settled(FakeKube({("nodes",): FAILS}), [], 60)
 
 
 def test_calico_rows_say_which_component_is_not_available_and_why():
@@ -189,10 +191,10 @@ def test_fabric_rows_compare_rdma_and_vf_resources_and_name_the_vfs_not_made():
                                                                    "lastSyncError": "ibp209s0: sriov_totalvfs 0"}}]}
     kube = FakeKube({("nicclusterpolicies.mellanox.com", "nic-cluster-policy"): {"status": {"state": "ready"}},
                      ("sriovnetworknodestates.sriovnetwork.openshift.io", "-n", "nvidia-network-operator"): states})
-    rows = check.check_fabric(kube, nodes, {
-        "hgx01": {"nvidia.com/ib_vf": 32}, "hgx02": {"nvidia.com/ib_vf": 32},
-        # by device id: the VF count is known only as more than 0; the shared pool is rdmaHcaMax.
-        "l40s01": {"nvidia.com/roce_vf": None, "nvidia.com/roce_shared": 32}}, "nvidia-network-operator", True)
+    fabric = {"hgx01": {"nvidia.com/ib_vf": 32}, "hgx02": {"nvidia.com/ib_vf": 32},
+              # by device id: the VF count is known only as more than 0; the shared pool is rdmaHcaMax.
+              "l40s01": {"nvidia.com/roce_vf": None, "nvidia.com/roce_shared": 32}}
+    rows = check.check_fabric_resources(nodes, fabric) + check.check_fabric(kube, fabric, "nvidia-network-operator", True)
     by = {(r["node"], r["check"]): r for r in rows}
     assert by[("-", "NicClusterPolicy")]["ok"]
     assert by[("hgx01", "fabric allocatable")]["ok"] and by[("hgx01", "VFs made")]["ok"]
@@ -228,3 +230,55 @@ def test_gfd_labels_must_name_the_declared_model_and_count():
     assert all(by[("gpu2", c)]["ok"] for c in ("label gpu.product", "label gpu.count", "label gpu.family"))
     assert not by[("gpu3", "label gpu.family")]["ok"] and "has not labelled" in by[("gpu3", "label gpu.family")]["reason"]
     assert not any(node_name == "gpu4" for node_name, _ in by)
+
+
+class Clock:
+    """time.monotonic and time.sleep for `settled`: sleeping moves the clock on."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class NodeReads(FakeKube):
+    """The nodes as the kubelet publishes them: each read returns the next answer, the last one
+    from then on."""
+
+    def __init__(self, *answers: dict) -> None:
+        super().__init__({})
+        self.reads = list(answers)
+        self.count = 0
+
+    def read(self, *args: str):
+        assert args == ("nodes",)
+        self.count += 1
+        return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
+
+
+def test_node_checks_read_again_until_the_kubelet_publishes_what_a_plugin_registered():
+    before = {"items": [node("hgx01", {"nvidia.com/ib_shared": "0"})]}
+    after = {"items": [node("hgx01", {"nvidia.com/ib_shared": "63"})]}
+    checks = [lambda nodes: check.check_fabric_resources(nodes, {"hgx01": {"nvidia.com/ib_shared": 63}})]
+    clock = Clock()
+    kube = NodeReads(before, before, after)
+    nodes, rows = check.settled(kube, checks, 60, clock, clock.sleep)
+    assert [r["ok"] for r in rows] == [True] and kube.count == 3 and clock.now == 10
+    assert nodes["hgx01"]["status"]["allocatable"]["nvidia.com/ib_shared"] == "63"
+
+
+def test_a_shortfall_that_lasts_the_settle_time_is_reported_with_what_was_read_last():
+    short = {"items": [node("gpu1", {"nvidia.com/gpu": "4"})]}
+    checks = [lambda nodes: check.check_resources(nodes, {"gpu1": {"resources": {"nvidia.com/gpu": 8}}})]
+    clock = Clock()
+    kube = NodeReads(short)
+    _, rows = check.settled(kube, checks, 60, clock, clock.sleep)
+    assert [(r["got"], r["ok"]) for r in rows] == [("nvidia.com/gpu=4", False)]
+    assert clock.now == 60 and kube.count == 13
+    # With nothing to wait for, the nodes are read once.
+    kube = NodeReads(short)
+    assert check.settled(kube, [], 60, clock, clock.sleep)[1] == [] and kube.count == 1

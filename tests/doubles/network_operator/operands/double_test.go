@@ -140,7 +140,7 @@ func TestEachResourceAdvertisesRdmaHcaMaxWhereItsSelectorsTakeAPortWithRDMA(t *t
 func TestThePluginRegistersItsResourcesAndListsThem(t *testing.T) {
 	resource := SharedResource{Name: "nvidia.com/ib_shared", Socket: "ib_shared.sock", Devices: 3}
 	served := []deviceplugin.Resource{{Name: resource.Name, Endpoint: resource.Socket,
-		Server: &sharedPlugin{resource: resource, charDirs: t.TempDir()}}}
+		Server: &sharedPlugin{resource: resource, charDevices: t.TempDir()}}}
 	kubelet, dir := plugintest.Started(t, 1, func(ctx context.Context, dir string) { _ = deviceplugin.Serve(ctx, dir, served) })
 	if got := kubelet.Registered(); len(got) != 1 || got[0] != "nvidia.com/ib_shared@ib_shared.sock" {
 		t.Fatalf("registered %v", got)

@@ -149,8 +149,8 @@ func SharedResources(configs []UserConfig, ports []Port) []SharedResource {
 
 type sharedPlugin struct {
 	deviceplugin.Defaults
-	resource SharedResource
-	charDirs string
+	resource    SharedResource
+	charDevices string // the folder whose character devices every container gets
 }
 
 func (p *sharedPlugin) ListAndWatch(_ *api.Empty, stream grpc.ServerStreamingServer[api.ListAndWatchResponse]) error {
@@ -169,7 +169,7 @@ func (p *sharedPlugin) ListAndWatch(_ *api.Empty, stream grpc.ServerStreamingSer
 // shared: any of its IDs means the same devices).
 func (p *sharedPlugin) Allocate(_ context.Context, request *api.AllocateRequest) (*api.AllocateResponse, error) {
 	var specs []*api.DeviceSpec
-	entries, _ := os.ReadDir(p.charDirs)
+	entries, _ := os.ReadDir(p.charDevices)
 	for _, entry := range entries {
 		if entry.Type()&os.ModeCharDevice != 0 {
 			path := filepath.Join(rdmaCharDevicesFolder, entry.Name())
@@ -217,7 +217,7 @@ func rdmaSharedMain(args []string) int {
 	var served []deviceplugin.Resource
 	for _, resource := range resources {
 		served = append(served, deviceplugin.Resource{Name: resource.Name, Endpoint: resource.Socket,
-			Server: &sharedPlugin{resource: resource, charDirs: rdmaCharDevicesFolder}})
+			Server: &sharedPlugin{resource: resource, charDevices: rdmaCharDevicesFolder}})
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
