@@ -106,6 +106,36 @@ def test_warnings_do_not_fail(tmp_path, server, expected):
     assert any(expected in w for w in warnings), warnings
 
 
+def host_driver(server, tmp_path, nics):
+    found = discover(server, tmp_path, nics)
+    return hw.evaluate(found, False, {}, list(nics), "open", nic_driver="host")[0]
+
+
+def test_with_the_host_driver_each_fabric_port_is_bound_to_mlx5_with_an_rdma_device(tmp_path):
+    assert host_driver(hgx_server(), tmp_path / "ok", [FABRIC]) == []
+    unbound = hgx_server()
+    unbound["pci"]["0000:1a:00.0"]["driver"] = None
+    assert host_driver(unbound, tmp_path / "unbound", [FABRIC]) == [
+        "NIC fabric port ens1f0np0 (0000:1a:00.0) is bound to no driver, not mlx5_core; with network_operator.driver "
+        "host the node's own driver serves the fabric: load it (modprobe mlx5_core) or install DOCA-Host, or set "
+        "network_operator.driver container where NVIDIA publishes the DOCA driver container for the node's OS"]
+    no_ib = hgx_server()
+    no_ib["pci"]["0000:2a:00.0"]["infiniband"] = []
+    problems = host_driver(no_ib, tmp_path / "no-ib", [FABRIC])
+    assert len(problems) == 1 and problems[0].startswith("NIC fabric port ens2f0np0 (0000:2a:00.0) shows no RDMA device")
+    assert "modprobe mlx5_ib ib_uverbs" in problems[0]
+    # Ports selected by device id are checked the same way; the DOCA container would load its own.
+    by_id = dict(FABRIC, pf_names=[], device_ids=["15b3:1021"])
+    assert len(host_driver(unbound, tmp_path / "by-id", [by_id])) == 1
+    assert evaluate(unbound, tmp_path / "container", nics=[FABRIC], expect_gpu=False) == ([], [])
+    # A management port or a NIC without RDMA is not the Network Operator's to serve.
+    management = hgx_server(management=2)
+    management["pci"]["0000:c1:00.0"]["driver"] = None
+    eno = {"name": "mgmt", "purpose": "management", "pf_names": ["eno1np0"]}
+    assert host_driver(management, tmp_path / "mgmt", [FABRIC, eno]) == []
+    assert host_driver(unbound, tmp_path / "no-rdma", [dict(FABRIC, rdma=False)]) == []
+
+
 def test_a_cpu_worker_is_not_asked_for_gpus(tmp_path):
     assert evaluate(hgx_server(gpus=0, nvswitches=0), tmp_path, expect_gpu=False) == ([], [])
 
@@ -129,7 +159,7 @@ def test_documentation_is_valid_yaml():
     import yaml
     doc = yaml.safe_load(hw.DOCUMENTATION)
     assert set(doc["options"]) == {"expect_gpu", "gpu", "gpu_models", "nics", "nic_reach", "address_interface",
-                                   "kernel_module_type", "sys_root", "proc_root"}
+                                   "kernel_module_type", "nic_driver", "sys_root", "proc_root"}
 
 
 # An HGX-like node: eight ConnectX-7 InfiniBand fabric ports, two ConnectX-6 Dx ports in

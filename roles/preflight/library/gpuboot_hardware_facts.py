@@ -24,6 +24,12 @@ options:
       pci_addresses, device_ids, link_types), as gpuboot resolved them over every node they reach."
   address_interface: {type: str, default: "", description: "The interface holding the node's own address (bonds and VLANs are followed down)."}
   kernel_module_type: {type: str, default: open, description: "The release's GPU driver kernel module type (open, proprietary, auto)."}
+  nic_driver:
+    type: str
+    default: container
+    choices: [container, host]
+    description: "gpuboot.network_operator.driver: with host no DOCA driver container loads mlx5, so each fabric
+      RDMA port must already be bound to mlx5_core and show an RDMA device."
   sys_root: {type: path, default: /sys, description: Where sysfs is mounted (another root reads a captured tree).}
   proc_root: {type: path, default: /proc, description: Where procfs is mounted.}
 """
@@ -33,6 +39,7 @@ import os
 
 NVIDIA = "0x10de"
 MELLANOX = "0x15b3"
+MLX5 = "mlx5_core"
 SECURE_BOOT_VAR = "efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
 # The open kernel modules (and so GPUDirect over DMA-BUF) need Turing or newer.
@@ -153,7 +160,8 @@ def net_ports(sys_root):
         if device is None or os.path.exists(os.path.join(sys_root, "bus", "pci", "devices", address, "physfn")):
             continue
         ports[name] = {"ifname": name, "pci_address": address, "vendor": device["vendor"],
-                       "device_id": device["device_id"], "link_type": link_type(sys_root, [name])}
+                       "device_id": device["device_id"], "link_type": link_type(sys_root, [name]),
+                       "driver": device["driver"], "rdma_devices": device["rdma_devices"]}
     return ports
 
 
@@ -330,9 +338,36 @@ def nic_problems(facts, nics):
     return problems
 
 
-def evaluate(facts, expect_gpu, gpu, nics, kernel_module_type, reach=()):
+def host_driver_problems(facts, nics):
+    """With network_operator.driver host no DOCA driver container loads mlx5: each fabric port
+    that does RDMA must already be bound to the node's mlx5_core and show an RDMA device
+    (mlx5_ib), or the operator's device plugins find nothing to advertise."""
+    problems = []
+    for nic in nics:
+        if nic.get("purpose", "fabric") != "fabric" or not nic.get("rdma", True):
+            continue
+        for name in declared_ports(nic, facts["ports"]):
+            port = facts["ports"][name]
+            if port["vendor"] != MELLANOX:
+                continue  # named by nic_problems
+            where = f"NIC {nic.get('name')} port {name} ({port['pci_address']})"
+            if port["driver"] != MLX5:
+                problems.append(f"{where} is bound to {port['driver'] or 'no driver'}, not {MLX5}; with "
+                                "network_operator.driver host the node's own driver serves the fabric: load it "
+                                "(modprobe mlx5_core) or install DOCA-Host, or set network_operator.driver container "
+                                "where NVIDIA publishes the DOCA driver container for the node's OS")
+            elif not port["rdma_devices"]:
+                problems.append(f"{where} shows no RDMA device; with network_operator.driver host the node's own "
+                                "mlx5_ib and ib_uverbs must be loaded: modprobe mlx5_ib ib_uverbs, and list them "
+                                "in /etc/modules-load.d so that they load at boot")
+    return problems
+
+
+def evaluate(facts, expect_gpu, gpu, nics, kernel_module_type, reach=(), nic_driver="container"):
     problems, warnings = gpu_problems(facts, gpu or {}, kernel_module_type) if expect_gpu else ([], [])
     problems += nic_problems(facts, nics)
+    if nic_driver == "host":
+        problems += host_driver_problems(facts, nics)
     problems += selection_problems(facts, nics, reach)
     if nics and any(n.get("rdma", True) for n in nics) and facts["iommu"]["enabled"] and not facts["iommu"]["passthrough"]:
         warnings.append("the IOMMU translates DMA; GPUDirect RDMA is much slower that way: add iommu=pt to the "
@@ -351,6 +386,7 @@ def main():
         "nic_reach": {"type": "list", "elements": "dict", "default": []},
         "address_interface": {"type": "str", "default": ""},
         "kernel_module_type": {"type": "str", "default": "open", "choices": ["open", "proprietary", "auto"]},
+        "nic_driver": {"type": "str", "default": "container", "choices": ["container", "host"]},
         "sys_root": {"type": "path", "default": "/sys"},
         "proc_root": {"type": "path", "default": "/proc"},
     }, supports_check_mode=True)
@@ -358,7 +394,7 @@ def main():
     facts = discover(params["sys_root"], params["proc_root"], params["nics"], params["gpu_models"],
                      params["address_interface"])
     problems, warnings = evaluate(facts, params["expect_gpu"], params["gpu"], params["nics"],
-                                  params["kernel_module_type"], params["nic_reach"])
+                                  params["kernel_module_type"], params["nic_reach"], params["nic_driver"])
     for warning in warnings:
         module.warn(warning)
     module.exit_json(changed=False, ansible_facts={"gpuboot_hardware": facts}, problems=problems)
