@@ -11,7 +11,9 @@ Held against gpuboot:
 - the operator walks its states to a ready NicClusterPolicy: the DOCA driver's pod ready on a
   fabric node lifts the operator's own wait label there (network.nvidia.com/operator.mofed.wait),
   and only then do the components held behind it run there;
-- the phase's wait (roles/network_operator/tasks/ready.yml) passes on that policy;
+- the phase's wait (roles/network_operator/tasks/ready.yml) passes on that policy once each
+  fabric node advertises its plugins' resources (published here as its kubelet would), and
+  names the nodes that do not before;
 - an RDMA shared device plugin that cannot start on one node makes the operator say notReady,
   and the wait names the operator's failing state, the node, the pod and its reason.
 Skipped, naming what to bring, without the source tree."""
@@ -61,6 +63,15 @@ def state(api: ApiServer) -> str:
     return lab.policy_state(api, NIC_POLICY, "nic-cluster-policy")
 
 
+def publish_devices(api: ApiServer, plan: dict, node: str) -> None:
+    """What the node's kubelet publishes in its next status once the device plugins on it
+    registered their resources (the kubelet double runs no plugin): the counts the node's NICs
+    plan, as the real plugins would list them."""
+    counts = {name: str(count or 1) for name, count in plan["nodes"][node]["resources"].items()}
+    api.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p",
+                json.dumps({"status": {"capacity": counts, "allocatable": counts}}))
+
+
 def test_the_real_network_operator_gets_ready_as_the_phase_waits_and_a_broken_plugin_is_named(
         operator_image, registry, api, helm, tmp_path):
     binary, image_root = operator_image
@@ -88,6 +99,15 @@ def test_the_real_network_operator_gets_ready_as_the_phase_waits_and_a_broken_pl
             assert sorted(p["spec"]["nodeName"] for p in plugin) == sorted(applied.fabric), \
                 [p["metadata"]["name"] for p in pods]
 
+            # The policy is ready, but no kubelet has published the plugins' devices yet: the
+            # phase waits for them, and names each node that does not advertise them.
+            short = addon_wait(api, tmp_path, "network_operator", variables | {"network_operator_ready_timeout": 5})
+            said = " ".join(short.stdout.split())
+            first = sorted(applied.fabric)[0]
+            assert short.returncode != 0 and f"- {first}: " in said and "the device plugin has not registered it" \
+                in said, short.stdout[-3000:]
+            for node in applied.fabric:
+                publish_devices(api, plan, node)
             ok = addon_wait(api, tmp_path, "network_operator", variables)
             assert ok.returncode == 0, ok.stdout[-3000:]
 
