@@ -9,6 +9,7 @@ package main
 
 import (
 	"fmt"
+	"gpuboot.local/doubles/kubeapi"
 	"log"
 	"os"
 	"os/signal"
@@ -139,11 +140,11 @@ func gfdLabels(hardware *Hardware, config *Config, now time.Time, noTimestamp bo
 
 // publishNodeFeature creates or updates the node's NodeFeature object with the labels, owned
 // by GFD's DaemonSet (so that removing GFD removes its labels), as the real GFD does.
-func publishNodeFeature(k *kube, settings gfdSettings, labels map[string]string) error {
+func publishNodeFeature(k *kubeapi.Client, settings gfdSettings, labels map[string]string) error {
 	name := nodeFeatureName + "-" + settings.node
 	path := fmt.Sprintf("%s/namespaces/%s/nodefeatures/%s", nodeFeatureAPI, settings.namespace, name)
 	var existing map[string]any
-	status, err := k.do("GET", path, nil, &existing)
+	status, err := k.Do("GET", path, nil, &existing)
 	if err != nil {
 		return fmt.Errorf("failed to get NodeFeature object: %w", err)
 	}
@@ -158,16 +159,16 @@ func publishNodeFeature(k *kube, settings gfdSettings, labels map[string]string)
 		"spec": map[string]any{"labels": labels, "features": map[string]any{
 			"flags": map[string]any{}, "attributes": map[string]any{}, "instances": map[string]any{}}}}
 	if status == 404 {
-		_, err = k.do("POST", fmt.Sprintf("%s/namespaces/%s/nodefeatures", nodeFeatureAPI, settings.namespace), object, nil)
+		_, err = k.Do("POST", fmt.Sprintf("%s/namespaces/%s/nodefeatures", nodeFeatureAPI, settings.namespace), object, nil)
 		return err
 	}
 	metadata["resourceVersion"] = existing["metadata"].(map[string]any)["resourceVersion"]
-	_, err = k.do("PUT", path, object, nil)
+	_, err = k.Do("PUT", path, object, nil)
 	return err
 }
 
 // daemonSetOwner: the DaemonSet that owns this pod, as an owner reference (none outside one).
-func daemonSetOwner(k *kube, settings gfdSettings) ([]map[string]any, error) {
+func daemonSetOwner(k *kubeapi.Client, settings gfdSettings) ([]map[string]any, error) {
 	if settings.pod == "" {
 		return nil, nil
 	}
@@ -176,7 +177,7 @@ func daemonSetOwner(k *kube, settings gfdSettings) ([]map[string]any, error) {
 			OwnerReferences []map[string]any `json:"ownerReferences"`
 		} `json:"metadata"`
 	}
-	if _, err := k.do("GET", fmt.Sprintf("/api/v1/namespaces/%s/pods/%s", settings.namespace, settings.pod), nil, &pod); err != nil {
+	if _, err := k.Do("GET", fmt.Sprintf("/api/v1/namespaces/%s/pods/%s", settings.namespace, settings.pod), nil, &pod); err != nil {
 		return nil, fmt.Errorf("failed to get pod %s/%s: %w", settings.namespace, settings.pod, err)
 	}
 	for _, owner := range pod.Metadata.OwnerReferences {
@@ -214,9 +215,9 @@ func gfdMain() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	var k *kube
+	var k *kubeapi.Client
 	if settings.useNodeFeatureAPI {
-		if k, err = inCluster(); err != nil {
+		if k, err = kubeapi.InCluster(); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -242,7 +243,7 @@ func gfdMain() {
 	}
 }
 
-func gfdOnce(k *kube, settings gfdSettings) error {
+func gfdOnce(k *kubeapi.Client, settings gfdSettings) error {
 	config, err := LoadConfig(settings.configFile)
 	if err != nil {
 		return err

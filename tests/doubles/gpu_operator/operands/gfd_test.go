@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"gpuboot.local/doubles/kubeapi"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -121,7 +122,7 @@ func TestTheNodeFeatureIsCreatedForTheNodeAndOwnedByGFDsDaemonSet(t *testing.T) 
 		}
 	}))
 	defer server.Close()
-	k := &kube{base: server.URL, token: "token", client: server.Client()}
+	k := &kubeapi.Client{Base: server.URL, Token: "token", HTTP: server.Client()}
 	settings := gfdSettings{node: "gpu1", namespace: "gpu-operator", pod: "gfd-x"}
 	if err := publishNodeFeature(k, settings, map[string]string{"nvidia.com/gpu.count": "2"}); err != nil {
 		t.Fatal(err)

@@ -19,7 +19,12 @@ require (
 	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
 )
 
-require gpuboot.local/doubles/deviceplugin v0.0.0
+require (
+	gpuboot.local/doubles/deviceplugin v0.0.0
+	gpuboot.local/doubles/kubeapi v0.0.0
+)
 
-// The kubelet side the doubles share, from the tree beside this one.
+// The kubelet and API-server sides the doubles share, from the trees beside this one.
 replace gpuboot.local/doubles/deviceplugin => ../../deviceplugin
+
+replace gpuboot.local/doubles/kubeapi => ../../kubeapi

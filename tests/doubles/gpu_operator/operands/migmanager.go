@@ -22,6 +22,7 @@ package main
 
 import (
 	"fmt"
+	"gpuboot.local/doubles/kubeapi"
 	"log"
 	"net/url"
 	"os"
@@ -91,7 +92,7 @@ func checkGPUClientsFile(path string) error {
 }
 
 type migManager struct {
-	k        *kube
+	k        *kubeapi.Client
 	settings migSettings
 	// What the deploy labels were before a change, to put back.
 	deployed map[string]string
@@ -106,7 +107,7 @@ func migManagerMain() {
 	if _, err := LoadMigParted(settings.configFile); err != nil {
 		log.Fatalf("error parsing MIG config %s: %v", settings.configFile, err)
 	}
-	k, err := inCluster()
+	k, err := kubeapi.InCluster()
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -141,7 +142,7 @@ func (m *migManager) node() (map[string]string, error) {
 			Labels map[string]string `json:"labels"`
 		} `json:"metadata"`
 	}
-	status, err := m.k.do("GET", "/api/v1/nodes/"+m.settings.node, nil, &node)
+	status, err := m.k.Do("GET", "/api/v1/nodes/"+m.settings.node, nil, &node)
 	if err == nil && status == 404 {
 		err = fmt.Errorf("node %s not found", m.settings.node)
 	}
@@ -154,7 +155,7 @@ func (m *migManager) label(key string) (string, error) {
 }
 
 func (m *migManager) setLabels(labels map[string]string) error {
-	return m.k.mergePatch("/api/v1/nodes/"+m.settings.node, map[string]any{"metadata": map[string]any{"labels": labels}})
+	return m.k.MergePatch("/api/v1/nodes/"+m.settings.node, map[string]any{"metadata": map[string]any{"labels": labels}})
 }
 
 // deployLabels: each GPU client's deploy label at `value`, but those that were "false".
@@ -259,7 +260,7 @@ func (m *migManager) pods(selector string) ([]string, error) {
 			} `json:"metadata"`
 		} `json:"items"`
 	}
-	if _, err := m.k.do("GET", m.podsPath(selector), nil, &list); err != nil {
+	if _, err := m.k.Do("GET", m.podsPath(selector), nil, &list); err != nil {
 		return nil, err
 	}
 	names := make([]string, len(list.Items))
@@ -292,7 +293,7 @@ func (m *migManager) deletePods(selector string) error {
 		return err
 	}
 	for _, name := range names {
-		if _, err := m.k.do("DELETE", fmt.Sprintf("/api/v1/namespaces/%s/pods/%s", m.settings.namespace, name), nil, nil); err != nil {
+		if _, err := m.k.Do("DELETE", fmt.Sprintf("/api/v1/namespaces/%s/pods/%s", m.settings.namespace, name), nil, nil); err != nil {
 			return err
 		}
 	}
@@ -319,7 +320,7 @@ func (m *migManager) waitClientDaemonSetPodsGone() error {
 				} `json:"spec"`
 			} `json:"items"`
 		}
-		if _, err := m.k.do("GET", "/api/v1/pods?"+query.Encode(), nil, &list); err != nil {
+		if _, err := m.k.Do("GET", "/api/v1/pods?"+query.Encode(), nil, &list); err != nil {
 			return err
 		}
 		var left []string

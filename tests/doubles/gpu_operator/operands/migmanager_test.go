@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"gpuboot.local/doubles/kubeapi"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -206,7 +207,7 @@ func TestAChangeIsMadeWithTheGPUClientsAwayAndTheStateSaysSoAfter(t *testing.T) 
 	}
 	server := f.serve(t)
 	defer server.Close()
-	m := &migManager{k: &kube{base: server.URL, token: "token", client: server.Client()},
+	m := &migManager{k: &kubeapi.Client{Base: server.URL, Token: "token", HTTP: server.Client()},
 		settings: migSettings{node: "gpu2", namespace: "gpu-operator", configFile: configFile, hardwareFile: hardwareFile}}
 	if err := m.reconfigure("all-1g.10gb"); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ go 1.26.0
 require (
 	google.golang.org/grpc v1.79.3
 	gpuboot.local/doubles/deviceplugin v0.0.0
+	gpuboot.local/doubles/kubeapi v0.0.0
 	k8s.io/kubelet v0.36.3
 )
 
@@ -17,5 +18,7 @@ require (
 	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
 )
 
-// The kubelet side the doubles share, from the tree beside this one.
+// The kubelet and API-server sides the doubles share, from the trees beside this one.
 replace gpuboot.local/doubles/deviceplugin => ../../deviceplugin
+
+replace gpuboot.local/doubles/kubeapi => ../../kubeapi

@@ -1,4 +1,5 @@
-package main
+// Package kubeapi: the API server as an operand's pod reaches it, for the TEST DOUBLES.
+package kubeapi
 
 import (
 	"bytes"
@@ -16,14 +17,15 @@ import (
 // serviceAccount is where a pod finds its API credentials.
 const serviceAccount = "/var/run/secrets/kubernetes.io/serviceaccount"
 
-// kube: the API server as a pod reaches it (in-cluster), with the pod's service account, as
+// Client: the API server as a pod reaches it (in-cluster), with the pod's service account, as
 // client-go's in-cluster config does: the RBAC the operator gives the operand is what it has.
-type kube struct {
-	base, token string
-	client      *http.Client
+type Client struct {
+	Base, Token string
+	HTTP        *http.Client
 }
 
-func inCluster() (*kube, error) {
+// InCluster: the client of the pod this runs in.
+func InCluster() (*Client, error) {
 	host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
 	if host == "" || port == "" {
 		return nil, fmt.Errorf("not in a pod: KUBERNETES_SERVICE_HOST/PORT are not set")
@@ -40,22 +42,23 @@ func inCluster() (*kube, error) {
 	if !pool.AppendCertsFromPEM(ca) {
 		return nil, fmt.Errorf("%s/ca.crt holds no certificate", serviceAccount)
 	}
-	return &kube{base: "https://" + net.JoinHostPort(host, port), token: string(bytes.TrimSpace(token)),
-		client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}}, nil
+	return &Client{Base: "https://" + net.JoinHostPort(host, port), Token: string(bytes.TrimSpace(token)),
+		HTTP: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}}, nil
 }
 
-// do sends body (JSON) and decodes the answer into out; it returns the HTTP status.
-func (k *kube) do(method, path string, body, out any) (int, error) {
+// Do sends body (JSON) and decodes the answer into out; it returns the HTTP status (404 is
+// no error: the caller reads the status).
+func (k *Client) Do(method, path string, body, out any) (int, error) {
 	return k.send(method, path, "application/json", body, out)
 }
 
-// mergePatch: a JSON merge patch of the object at path (as client-go's MergePatchType).
-func (k *kube) mergePatch(path string, patch any) error {
+// MergePatch: a JSON merge patch of the object at path (as client-go's MergePatchType).
+func (k *Client) MergePatch(path string, patch any) error {
 	_, err := k.send("PATCH", path, "application/merge-patch+json", patch, nil)
 	return err
 }
 
-func (k *kube) send(method, path, contentType string, body, out any) (int, error) {
+func (k *Client) send(method, path, contentType string, body, out any) (int, error) {
 	var reader io.Reader
 	if body != nil {
 		data, err := json.Marshal(body)
@@ -64,14 +67,14 @@ func (k *kube) send(method, path, contentType string, body, out any) (int, error
 		}
 		reader = bytes.NewReader(data)
 	}
-	request, err := http.NewRequest(method, k.base+path, reader)
+	request, err := http.NewRequest(method, k.Base+path, reader)
 	if err != nil {
 		return 0, err
 	}
-	request.Header.Set("Authorization", "Bearer "+k.token)
+	request.Header.Set("Authorization", "Bearer "+k.Token)
 	request.Header.Set("Content-Type", contentType)
 	request.Header.Set("Accept", "application/json")
-	response, err := k.client.Do(request)
+	response, err := k.HTTP.Do(request)
 	if err != nil {
 		return 0, err
 	}
