@@ -2,7 +2,8 @@
 // that have none: one binary that, as busybox does, is the operand it is run as (the name the
 // image gives it):
 //   - k8s-rdma-shared-dp (rdma.go): the RDMA shared device plugin;
-//   - sriov-network-config-daemon (configdaemon.go, vfs.go): the SR-IOV operator's config daemon.
+//   - sriov-network-config-daemon (configdaemon.go, vfs.go): the SR-IOV operator's config daemon;
+//   - sriovdp (sriovdp.go): the SR-IOV network device plugin.
 //
 // Each follows what the real one does with its inputs, as read from its source at the release
 // the matrix pins (Mellanox/network-operator's manifests, k8s-rdma-shared-dev-plugin), and reads
@@ -22,6 +23,8 @@ func main() {
 		os.Exit(rdmaSharedMain(os.Args[1:]))
 	case "sriov-network-config-daemon":
 		os.Exit(configDaemonMain(os.Args[1:]))
+	case "sriovdp":
+		os.Exit(sriovDPMain(os.Args[1:]))
 	default:
 		fmt.Fprintf(os.Stderr, "network operands TEST DOUBLE: %q is none of them\n", os.Args[0])
 		os.Exit(2)
