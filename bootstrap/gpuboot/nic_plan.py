@@ -134,10 +134,10 @@ class NicPlan:
             found.append("rdmaSharedDevicePlugin")
         vf_groups = self.of_kind("sriov", "both")
         if vf_groups:
-            # The SR-IOV config daemon's init containers copy every CNI plugin the chart names:
-            # Ethernet and IB SR-IOV, OVS and RDMA (sriov-network-operator's daemon manifest).
-            found += ["sriovOperator", "sriovConfigDaemon", "sriovDevicePlugin", "sriovCni", "ibSriovCni",
-                      "ovsCni", "rdmaCni"]
+            # The SR-IOV config daemon's init containers copy every CNI plugin the chart names
+            # (sriov-network-operator's daemon manifest): Ethernet and IB SR-IOV and RDMA; the
+            # values name no OVS plugin (gpuboot sets up no OVS offload).
+            found += ["sriovOperator", "sriovConfigDaemon", "sriovDevicePlugin", "sriovCni", "ibSriovCni", "rdmaCni"]
         networks = self.networks()
         if networks:
             found += ["multus", "cniPlugins", "nvIpam"]

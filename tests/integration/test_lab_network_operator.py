@@ -1,24 +1,29 @@
 """NVIDIA's real Network Operator in a real lab cluster (issue 29, points 3 and 4): one control
-plane, one HGX-like worker (eight ConnectX-7 InfiniBand fabric ports handed to pods by the RDMA
-shared device plugin, two ConnectX-6 Dx management ports in bond0) and one worker without
-RDMA, kubernetes-flavour nodes air-gapped behind the lab mirror, the Kubernetes built from Go
+plane, one HGX-like worker (eight ConnectX-7 InfiniBand fabric ports: four handed to pods by
+the RDMA shared device plugin, four cut into VFs by the SR-IOV operator; two ConnectX-6 Dx
+management ports in bond0) and one worker without RDMA, kubernetes-flavour nodes air-gapped behind the lab mirror, the Kubernetes built from Go
 modules and helm from its Go module. The Network Operator's real chart at the tag the release
 pins, packaged by the real helm from the source tree; its controller and the chart's Node
-Feature Discovery (no GPU node here, so the chart's) built from their sources
+Feature Discovery (no GPU node here, so the chart's), NVIDIA's SR-IOV operator and the CNI
+plugins its config daemon copies onto the node built from their sources
 (`gpuboot_lab.operators`); installed by gpuboot's network_operator phase. The nodes run Debian,
 for which NVIDIA publishes no DOCA driver container: the inventory says the host's driver
 serves (network_operator.driver host), as gpuboot demands there.
 
 TEST DOUBLES only where a ConnectX NIC is needed (tests/support/real_network_operator.py): the
 worker's hardware (a sysfs tree that preflight's real discovery reads, and the plugin's double
-too), declared to the real NFD through a local feature file; the RDMA shared device plugin
-(tests/doubles/network_operator/operands: the real plugin's config rules, selectors and
-registration with the real kubelet).
+too), declared to the real NFD through a local feature file; the RDMA shared device plugin,
+the SR-IOV config daemon and the SR-IOV device plugin (tests/doubles/network_operator/operands:
+the real ones' config rules and selectors, the config daemon's node-state report and drain
+handshake with the real operator, VFs made in the node's tree, registration with the real
+kubelet).
 
 What it shows: the real operator, fed gpuboot's NicClusterPolicy, runs no driver container,
 lifts its driver wait on the node NFD labelled as holding a Mellanox NIC, places the RDMA
-shared device plugin there only and says the policy is ready; the phase's wait and the gate
-pass on it; the kubelet advertises the shared ports as the inventory asks; every pod's image is
+shared device plugin there only and says the policy is ready; the real SR-IOV operator, fed
+gpuboot's policy, asks the HGX node's config daemon for the VF group's ports and VF count and
+runs the SR-IOV device plugin there only; the phase's wait and the gate pass on it; the kubelet
+advertises the shared ports and the VFs as the inventory asks; every pod's image is
 one gpuboot's mirror plan holds and every planned image of what the operator deploys is
 deployed; a second run changes nothing."""
 from __future__ import annotations
@@ -45,11 +50,15 @@ SUBNET = "10.213.88.0/24"
 RELEASE = "k8s-1.36"
 HGX, PLAIN = f"{NAME}-w1", f"{NAME}-w2"
 NAMESPACE = "nvidia-network-operator"
-FABRIC = [f"ens{i}f0np0" for i in range(1, 9)]
+SHARED_PORTS = [f"ens{i}f0np0" for i in range(1, 5)]
+VF_PORTS = [f"ens{i}f0np0" for i in range(5, 9)]
 SHARED = "nvidia.com/ib_shared"
+VFS = "nvidia.com/ib_vf"
 RDMA_HCA_MAX = 63
+NUM_VFS = 4
 NICS = [
-    {"name": "ib-fabric", "pf_names": FABRIC, "link_type": "ib", "resource_name": SHARED},
+    {"name": "ib-shared", "pf_names": SHARED_PORTS, "link_type": "ib", "resource_name": SHARED},
+    {"name": "ib-vf", "pf_names": VF_PORTS, "link_type": "ib", "num_vfs": NUM_VFS, "resource_name": VFS},
     {"name": "mgmt", "pf_names": ["eno1np0", "eno2np0"], "purpose": "management"},
 ]
 # Lab-only role inputs: discovery reads the double tree, whose bond0 carries the node's address.
@@ -109,13 +118,15 @@ def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_adv
     report = json.loads((info["kubeconfig"].parent / "validate.json").read_text())
     assert report["short"] == 0, report
     rows = {(r["node"], r["check"]): r for r in report["rows"]}
-    assert rows[(HGX, "fabric allocatable")]["got"] == f"{SHARED}={RDMA_HCA_MAX}", rows[(HGX, "fabric allocatable")]
-    assert rows[("-", "NicClusterPolicy")]["ok"]
+    assert rows[(HGX, "fabric allocatable")]["got"] == f"{SHARED}={RDMA_HCA_MAX}, {VFS}={NUM_VFS * len(VF_PORTS)}", \
+        rows[(HGX, "fabric allocatable")]
+    assert rows[("-", "NicClusterPolicy")]["ok"] and rows[(HGX, "VFs made")]["got"] == "Succeeded", rows
 
     # The kubelet advertises what the RDMA shared device plugin (its double, through the
     # device-plugin API) registered, on the HGX node only.
     nodes = {n["metadata"]["name"]: n for n in get(info, "nodes", namespace=())}
     assert nodes[HGX]["status"]["allocatable"].get(SHARED) == str(RDMA_HCA_MAX), seen
+    assert nodes[HGX]["status"]["allocatable"].get(VFS) == str(NUM_VFS * len(VF_PORTS)), seen
     assert not any(k.startswith("nvidia.com/") for k in nodes[PLAIN]["status"]["allocatable"]), seen
     # The real NFD labelled the HGX node from its feature file and its own sources (the OS, the
     # kernel), and the operator, with no driver container to wait for, lifted its wait there.
@@ -137,6 +148,13 @@ def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_adv
             on.setdefault(container["name"], set()).add(pod["spec"].get("nodeName"))
     assert "mofed-container" not in on and "ofedDriver" not in policy["spec"], (on, seen)
     assert on.get("rdma-shared-dp") == {HGX}, (on, seen)
+    assert on.get("sriov-network-config-daemon") == {HGX} and on.get("sriov-device-plugin") == {HGX}, (on, seen)
+    # The real SR-IOV operator asked the HGX node for the VF group's ports only, and its config
+    # daemon (the double) made them and says so.
+    state = get(info, "sriovnetworknodestates.sriovnetwork.openshift.io", HGX)[0]
+    asked = {i.get("name"): i.get("numVfs") for i in state["spec"].get("interfaces", [])}
+    assert asked == dict.fromkeys(VF_PORTS, NUM_VFS), (asked, seen)
+    assert state["status"].get("syncStatus") == "Succeeded", (state["status"], seen)
 
     # What the operator and the chart deployed is what gpuboot's mirror plan holds for them, and
     # every pod's image was pulled through the mirror (init containers too).

@@ -56,7 +56,7 @@ CASES = {"sample": ROOT / "inventories" / "sample" / "inventory.yml",
 # operator, its own NFD (on a cluster without GPU nodes) and the SR-IOV operator, the SR-IOV operator runs its config daemon (whose init
 # containers copy the CNI plugins) and device plugin, and the bandwidth test is gpuboot's.
 NOT_DEPLOYED_BY_IT = ("operator", "nfd", "sriovOperator", "sriovConfigDaemon", "sriovDevicePlugin", "sriovCni",
-                      "ibSriovCni", "ovsCni", "rdmaCni", "bandwidthTest")
+                      "ibSriovCni", "rdmaCni", "bandwidthTest")
 SETTLE_S = 45
 WORKLOADS = ("daemonsets", "deployments")
 MOFED_WAIT = "network.nvidia.com/operator.mofed.wait"

@@ -30,7 +30,6 @@ real NIC's."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ import yaml
 
 from gpuboot.mirror.plan import Target, build
 from gpuboot.mirror.refs import parse_image
-from gpuboot_lab.operators import OperatorBuild, OperatorImage
+from gpuboot_lab.operators import SRIOV_OPERATOR, OperatorBuild
 from gpuboot_lab.upstream import SOURCE_ROOT, source_git_dir
 from tests.integration import test_real_gpu_operator
 from tests.integration.test_addon_objects_dry_run import render_through_real_chart
@@ -49,13 +48,8 @@ from tests.support.apiserver import ApiServer
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
-FORK = "Mellanox/sriov-network-operator"
-# A dependency the module proxy refuses is built from its repository's tree at the commit its
-# pseudo-version names (gpuboot_lab.operators builds it so).
-SPEC = OperatorImage("network_operator", "sriovOperator", f"tree:{FORK}",
-                     binaries=(("sriov-network-operator", "."),), files=(("bindata", "bindata"),),
-                     from_trees=(("github.com/k8snetworkplumbingwg/dra-driver-sriov",
-                                  "k8snetworkplumbingwg/dra-driver-sriov", ""),))
+SPEC = SRIOV_OPERATOR
+FORK = SPEC.origin
 # A ConnectX-7 as sysfs shows it (the double's ports), and its VFs' device id.
 CX7 = {"vendor": "15b3", "deviceID": "1021", "driver": "mlx5_core", "totalvfs": 16}
 # Ports outside every group: ConnectX-6 Dx, else ConnectX-5, whichever no group selects.
@@ -65,34 +59,18 @@ NAD_CRD = "deployment/sriov-network-operator-chart/crds/k8s.cni.cncf.io_networka
 SETTLE_S = 150
 KINDS = ("sriovnetworknodepolicies,sriovnetworknodestates,sriovnetworkpoolconfigs,sriovnetworks,"
          "sriovibnetworks,sriovoperatorconfigs,nodes")
-SRIOV_IMAGES = ("sriovConfigDaemon", "sriovDevicePlugin", "sriovCni", "ibSriovCni", "ovsCni", "rdmaCni")
+SRIOV_IMAGES = ("sriovConfigDaemon", "sriovDevicePlugin", "sriovCni", "ibSriovCni", "rdmaCni")
 
 api = test_real_gpu_operator.api
 
 
 def fork_ref(chart_tag: str) -> tuple[str, str]:
     """(git revision to build, what it is): the chart's tag where the fork's tree has it, else the
-    newest stored commit of the release branch for that version."""
-    git_dir = source_git_dir(FORK)
-    if git_dir is None:
+    newest stored commit of the release branch for that version (OperatorBuild.revision)."""
+    if source_git_dir(FORK) is None:
         pytest.skip(f"{FORK}'s source tree is not on this machine: git clone --bare https://github.com/{FORK} "
                     f"{SOURCE_ROOT}/{FORK.replace('/', '+')}/repo")
-
-    def commit(ref: str) -> str | None:
-        proc = subprocess.run(["git", f"--git-dir={git_dir}", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                              capture_output=True, text=True)
-        return proc.stdout.strip() or None
-
-    if commit(f"refs/tags/{chart_tag}"):
-        return chart_tag, f"tag {chart_tag}"
-    major_minor = re.search(r"v?(\d+\.\d+)\.\d+", chart_tag)
-    branch = f"network-operator-{major_minor.group(1)}.x" if major_minor else None
-    head = commit(f"refs/heads/{branch}") if branch else None
-    if head is None:
-        pytest.fail(f"{FORK}'s tree has neither the tag {chart_tag} nor the branch {branch}")
-    described = subprocess.run(["git", f"--git-dir={git_dir}", "describe", "--tags", head], capture_output=True,
-                               text=True).stdout.strip()
-    return head, f"branch {branch} at {head[:12]} ({described}): the tag {chart_tag} is not in the stored tree"
+    return OperatorBuild(log=print).revision(SPEC, chart_tag)
 
 
 @pytest.fixture(scope="module")

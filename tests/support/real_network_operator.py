@@ -1,10 +1,13 @@
 """NVIDIA's real Network Operator in a kubernetes-flavour lab (tests/support/addon_lab.py): its
 chart at the tag the release pins (tests/support/upstream_charts.py); its controller and the
-chart's Node Feature Discovery built from source (`gpuboot_lab.operators`); a TEST DOUBLE only
-where a ConnectX NIC is needed (tests/doubles/network_operator/operands): the RDMA shared device
-plugin. On each fabric node, the hardware they look for: NFD's local feature file that says a
-Mellanox PCI device is there, and the node's double sysfs tree where the plugin's double reads
-it (the same tree preflight's discovery reads).
+chart's Node Feature Discovery built from source (`gpuboot_lab.operators`); a The SR-IOV
+operator (NVIDIA's fork) and the CNI plugins its config daemon copies onto the nodes are built
+from source too. TEST DOUBLES only where a ConnectX NIC is needed
+(tests/doubles/network_operator/operands): the RDMA shared device plugin, the SR-IOV config
+daemon (it makes VFs in the node's double tree) and the SR-IOV device plugin. On each fabric
+node, the hardware they look for: NFD's local feature file that says a Mellanox PCI device is
+there, and the node's double sysfs tree where the doubles read it (the same tree preflight's
+discovery reads), bound also where the SR-IOV device plugin's pod can see it.
 
 The lab's nodes run Debian, for which NVIDIA publishes no DOCA driver container (the operator
 refuses the OS for one): its fabric nodes use the host's driver (network_operator.driver host),
@@ -28,20 +31,37 @@ from tests.support.shell_images import shell_image
 FEATURES = "/etc/kubernetes/node-feature-discovery/features.d/gpuboot-double-nic"
 DOUBLE_FEATURES = "pci-15b3.present=true\n"
 # Where the operand doubles read the node's double hardware (the operands module's HardwareRoot
-# is its sys/ folder): under /dev, which the RDMA shared device plugin's pod mounts.
+# is its sys/ folder): under /dev, which the RDMA shared device plugin's pod mounts (the config
+# daemon's pod mounts the host's / at /host).
 HARDWARE_ROOT = "/dev/gpuboot-double"
+# The SR-IOV device plugin's pod mounts no host folder but the kubelet's and the device-info
+# folder: the tree is bound there too (the double's sriovDPHardwareRoot).
+DEVICE_INFO_ROOT = "/var/run/k8s.cni.cncf.io/devinfo/dp/gpuboot-double"
+# The config daemon's preStop hook: the real script undoes the OVS hardware offload the real
+# daemon set up on the host; the double sets up none.
+CLEAN_SERVICES = (b"#!/bin/sh\n# TEST DOUBLE of the SR-IOV config daemon's clean-k8s-services.sh: the double "
+                  b"sets up no host service to undo.\nexit 0\n")
 
 
 def images(bundle: Bundle, release: matrix.Release) -> list[Artifact]:
     """The Network Operator's images for the lab: built from source where they can be, a double
-    where a NIC is needed (the RDMA shared device plugin)."""
+    where a NIC is needed (the RDMA shared device plugin, the SR-IOV config daemon and device
+    plugin)."""
     operands = go_doubles.build("network_operator/operands", "network-operands").read_bytes()
-    built = operators.images(bundle, release, specs=tuple(s for s in operators.OPERATORS
-                                                          if s.component == "network_operator"))
+    specs = (*(s for s in operators.OPERATORS if s.component == "network_operator"), operators.SRIOV_OPERATOR,
+             *operators.SRIOV_CNIS)
+    built = operators.images(bundle, release, specs=specs)
+    refs = release.images["network_operator"]
     # The operator's DaemonSet runs it as /bin/k8s-rdma-shared-dp.
-    rdma = shell_image(bundle, release.images["network_operator"]["rdmaSharedDevicePlugin"],
-                       [("bin/k8s-rdma-shared-dp", operands, 0o755)], ["/bin/k8s-rdma-shared-dp"])
-    return [*built, rdma]
+    rdma = shell_image(bundle, refs["rdmaSharedDevicePlugin"], [("bin/k8s-rdma-shared-dp", operands, 0o755)],
+                       ["/bin/k8s-rdma-shared-dp"])
+    # The SR-IOV operator's DaemonSets run `sriov-network-config-daemon start` (and `wait-for-config`
+    # in the device plugin's init container) and the device plugin image with its arguments only.
+    daemon = shell_image(bundle, refs["sriovConfigDaemon"], [
+        ("usr/bin/sriov-network-config-daemon", operands, 0o755),
+        ("bindata/scripts/clean-k8s-services.sh", CLEAN_SERVICES, 0o755)], ["/usr/bin/sriov-network-config-daemon"])
+    plugin = shell_image(bundle, refs["sriovDevicePlugin"], [("usr/bin/sriovdp", operands, 0o755)], ["/usr/bin/sriovdp"])
+    return [*built, rdma, daemon, plugin]
 
 
 def into_bundle(node_lab, release: matrix.Release) -> list[str]:
@@ -58,7 +78,8 @@ def declare_hardware(info: dict, trees: dict[str, Path]) -> None:
     for node, tree in trees.items():
         archive = subprocess.run(["tar", "-C", str(tree), "-c", "."], capture_output=True, check=True).stdout
         for command, stdin in ((f"mkdir -p {Path(FEATURES).parent} && printf '{DOUBLE_FEATURES}' > {FEATURES}", None),
-                               (f"mkdir -p {HARDWARE_ROOT} && tar -x -C {HARDWARE_ROOT}", archive)):
+                               (f"mkdir -p {HARDWARE_ROOT} && tar -x -C {HARDWARE_ROOT}", archive),
+                               (f"mkdir -p {DEVICE_INFO_ROOT} && mount --bind {HARDWARE_ROOT} {DEVICE_INFO_ROOT}", None)):
             done = ssh(info, node, command, stdin=stdin)
             assert done.returncode == 0, f"{node}: {command}: {done.stderr}"
 

@@ -74,6 +74,11 @@ class OperatorImage:
     # The source version to build, where the image's tag is not one (a vendor's build of an
     # upstream project, tagged by the vendor's release): the nearest upstream release.
     source_version: str = ""
+    # A fork that tags a release only once it is out: where its tree lacks the tag, the newest
+    # commit of this branch ({minor}: the tag's major.minor) is built, and said.
+    release_branch: str = ""
+    # busybox applets the image's own scripts run (linked in /bin beside the shell).
+    applets: tuple[str, ...] = ()
 
     def image_path(self, name: str) -> str:
         return f"{self.bin_path}/{name}" if self.bin_path else name
@@ -150,6 +155,31 @@ OPERATORS = (
     # upstream's chart of just before v0.19.0 (every flag it passes, v0.19.0 takes): the lab
     # builds upstream v0.19.0 under that name.
     replace(NFD, component="network_operator", source_version="v0.19.0"),
+)
+
+# NVIDIA's fork of the SR-IOV Network Operator (the Network Operator's sriov subchart runs it):
+# its controller and the operand manifests it renders (bindata). One dependency is a
+# pseudo-version the module proxy refuses, built from its repository's tree.
+SRIOV_OPERATOR = OperatorImage(
+    "network_operator", "sriovOperator", "tree:Mellanox/sriov-network-operator",
+    binaries=(("sriov-network-operator", "."),), files=(("bindata", "bindata"),),
+    entrypoint=("/usr/bin/sriov-network-operator",), user="65532:65532",
+    from_trees=(("github.com/k8snetworkplumbingwg/dra-driver-sriov", "k8snetworkplumbingwg/dra-driver-sriov", ""),),
+    release_branch="network-operator-{minor}.x")
+# The CNI plugins the SR-IOV config daemon's init containers copy onto the node (--no-sleep):
+# NVIDIA builds them from forks under the operator's tag; the lab builds upstream's release
+# that fork follows, with the entrypoint script its image runs.
+_CNI_APPLETS = ("awk", "cp", "mv", "rm", "echo", "sleep", "mkdir", "chmod", "cat", "test", "[")
+SRIOV_CNIS = (
+    OperatorImage("network_operator", "sriovCni", "tree:k8snetworkplumbingwg/sriov-cni",
+                  binaries=(("sriov", "cmd/sriov"),), files=(("images/entrypoint.sh", "entrypoint.sh"),),
+                  entrypoint=("/entrypoint.sh",), source_version="v2.10.0", applets=_CNI_APPLETS),
+    OperatorImage("network_operator", "ibSriovCni", "tree:k8snetworkplumbingwg/ib-sriov-cni",
+                  binaries=(("ib-sriov", "cmd/ib-sriov-cni"),), files=(("images/entrypoint.sh", "entrypoint.sh"),),
+                  entrypoint=("/entrypoint.sh",), source_version="v1.3.0", applets=_CNI_APPLETS),
+    OperatorImage("network_operator", "rdmaCni", "module:github.com/k8snetworkplumbingwg/rdma-cni",
+                  binaries=(("rdma", "cmd/rdma"),), files=(("images/entrypoint.sh", "entrypoint.sh"),),
+                  entrypoint=("/entrypoint.sh",), source_version="v1.3.0", applets=_CNI_APPLETS),
 )
 
 # kube-vip (control_plane.mode kube_vip), from its repository's tree at the tag (the module
@@ -244,6 +274,30 @@ class OperatorBuild:
             subprocess.run(["go", "mod", "edit", f"-replace={module}={local / folder}"], cwd=tree, check=True,
                            env=self._env())
 
+    def revision(self, spec: OperatorImage, version: str) -> tuple[str, str]:
+        """(what to build, what it is): `version`, or where a fork's tree lacks that tag, the
+        newest commit of its release branch for that version."""
+        if spec.kind != "tree" or not spec.release_branch:
+            return version, version
+        git_dir = self._git_dir(spec)
+
+        def commit(ref: str) -> str | None:
+            found = subprocess.run(["git", f"--git-dir={git_dir}", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                                   capture_output=True, text=True, check=False)
+            return found.stdout.strip() or None
+
+        if commit(f"refs/tags/{version}"):
+            return version, f"tag {version}"
+        minor = re.search(r"v?(\d+\.\d+)\.\d+", version)
+        branch = spec.release_branch.format(minor=minor.group(1)) if minor else None
+        head = commit(f"refs/heads/{branch}") if branch else None
+        if head is None:
+            raise LabError(f"{spec.origin}'s tree has neither the tag {version} nor the branch {branch}",
+                           hint=f"git --git-dir={git_dir} fetch --tags")
+        described = subprocess.run(["git", f"--git-dir={git_dir}", "describe", "--tags", head], capture_output=True,
+                                   text=True, check=False).stdout.strip()
+        return head, f"branch {branch} at {head[:12]} ({described}): the tag {version} is not in the stored tree"
+
     # -- builds ---------------------------------------------------------------------------
     def build(self, spec: OperatorImage, version: str) -> Path:
         out = self.bin_dir(spec, version)
@@ -282,17 +336,26 @@ class OperatorBuild:
                 for item in sorted(path.rglob("*")) if path.is_dir() else [path]:
                     if item.is_file():
                         relative = item.relative_to(path) if path.is_dir() else Path()
-                        found.append((str(Path(target) / relative), item.read_bytes(), 0o644))
+                        image_path = str(Path(target) / relative)
+                        # A tree keeps a script's mode; a module's zip does not, so the
+                        # entrypoint is made runnable by name.
+                        runnable = os.access(item, os.X_OK) or f"/{image_path}" in spec.entrypoint
+                        found.append((image_path, item.read_bytes(), 0o755 if runnable else 0o644))
         return found
 
 
-def _layer(entries: list[tuple[str, bytes, int]]) -> bytes:
+def _layer(entries: list[tuple[str, bytes, int]], links: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """Files (path, content, mode) and symbolic links (path, target)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path, data, mode in sorted(entries):
             info = tarfile.TarInfo(path)
             info.mode, info.mtime, info.size = mode, 0, len(data)
             tar.addfile(info, io.BytesIO(data))
+        for path, target in sorted(links):
+            info = tarfile.TarInfo(path)
+            info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, target, 0o777, 0
+            tar.addfile(info)
     return buffer.getvalue()
 
 
@@ -321,12 +384,13 @@ def images(bundle: Bundle, release: Release, build: OperatorBuild | None = None,
     built = []
     for spec in specs:
         ref = image_ref(release, spec)
-        version = source_version(release, spec)
+        version, what = build.revision(spec, source_version(release, spec))
         bin_dir = build.build(spec, version)
         entries = [(spec.image_path(name), (bin_dir / name).read_bytes(), 0o755) for name, _ in spec.binaries]
         entries += build.files(spec, version)
         entries += (stand_ins or {}).get(spec.key, [])
+        links = tuple((f"bin/{applet}", "busybox") for applet in spec.applets)
         config = {"User": spec.user, **({"Entrypoint": list(spec.entrypoint)} if spec.entrypoint else {})}
-        build.log(f"image {ref}")
-        built.append(layered_image(bundle, ref, [base, _layer(entries)], config))
+        build.log(f"image {ref}" + (f" from {what}" if what != version else ""))
+        built.append(layered_image(bundle, ref, [base, _layer(entries, links)], config))
     return built

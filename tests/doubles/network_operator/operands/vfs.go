@@ -142,7 +142,7 @@ func MakeVFs(sysRoot, pfAddress string, count int) error {
 			if err := os.WriteFile(filepath.Join(iface, "type"), []byte(netType+"\n"), 0o644); err != nil {
 				return err
 			}
-			if err := os.Symlink("../../bus/pci/devices/"+address, filepath.Join(iface, "device")); err != nil {
+			if err := os.Symlink("../../../bus/pci/devices/"+address, filepath.Join(iface, "device")); err != nil {
 				return err
 			}
 		}
