@@ -2,19 +2,23 @@
 built at that image's tag, with the version its own release build stamps."""
 from __future__ import annotations
 
+import io
 import re
+import subprocess
+import tarfile
 
 import pytest
 
 from gpuboot import matrix
 from gpuboot_lab.errors import LabError
-from gpuboot_lab.operators import KUBE_VIP, LOCAL_REPLACE, OPERATORS, image_ref, source_version
+from gpuboot_lab.operators import (KUBE_VIP, LOCAL_REPLACE, OPERATORS, SRIOV_CNIS, SRIOV_OPERATOR, OperatorBuild,
+                                   _layer, image_ref, source_version)
 
 
 @pytest.mark.parametrize("release", matrix.available())
 def test_every_release_names_each_operator_image_the_lab_builds(release):
     loaded = matrix.load(release)
-    for spec in (*OPERATORS, KUBE_VIP):
+    for spec in (*OPERATORS, SRIOV_OPERATOR, *SRIOV_CNIS, KUBE_VIP):
         # The source is built at a version: the image's tag (the init container's repository
         # tags each Network Operator release network-operator-vX), or the one the spec names.
         version = source_version(loaded, spec)
@@ -54,3 +58,42 @@ def test_kube_vip_is_built_as_its_own_image_is():
     assert KUBE_VIP.image_path("kube-vip") == "kube-vip" and KUBE_VIP.entrypoint == ("/kube-vip",)
     assert "-X main.Version=v1.2.3" in KUBE_VIP.ldflags("v1.2.3")
     assert image_ref(matrix.load("k8s-1.36"), KUBE_VIP) == "ghcr.io/kube-vip/kube-vip:v1.2.3"
+
+
+def test_a_fork_without_the_releases_tag_is_built_from_its_release_branch_and_says_so(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q", "-b", "main")
+    git("commit", "-q", "--allow-empty", "-m", "one")
+    git("tag", "network-operator-v26.4.0-beta.7")
+    git("branch", "network-operator-26.4.x")
+    head = git("rev-parse", "HEAD")
+    sources = tmp_path / "sources"
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(sources / "Mellanox+sriov-network-operator" / "repo")],
+                   check=True)
+    build = OperatorBuild(cache_dir=tmp_path / "cache", log=lambda _: None, sources=sources)
+    revision, what = build.revision(SRIOV_OPERATOR, "network-operator-v26.4.1")
+    assert revision == head and what.startswith("branch network-operator-26.4.x at ")
+    assert "(network-operator-v26.4.0-beta.7)" in what and "the tag network-operator-v26.4.1 is not in the stored tree" in what
+    assert build.revision(SRIOV_OPERATOR, "network-operator-v26.4.0-beta.7") == (
+        "network-operator-v26.4.0-beta.7", "tag network-operator-v26.4.0-beta.7")
+    with pytest.raises(LabError, match="neither the tag network-operator-v27.1.0 nor the branch network-operator-27.1.x"):
+        build.revision(SRIOV_OPERATOR, "network-operator-v27.1.0")
+    # A spec without a release branch is built at its version as it is.
+    assert build.revision(KUBE_VIP, "v1.2.3") == ("v1.2.3", "v1.2.3")
+
+
+def test_an_images_layer_holds_its_applets_as_links_to_busybox():
+    layer = _layer([("entrypoint.sh", b"#!/bin/sh\n", 0o755)], (("bin/awk", "busybox"),))
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert members["entrypoint.sh"].mode == 0o755 and members["bin/awk"].issym()
+    assert members["bin/awk"].linkname == "busybox"
+    # The CNI plugins' entrypoint scripts run their image's applets: each links them.
+    for spec in SRIOV_CNIS:
+        assert spec.entrypoint == ("/entrypoint.sh",) and {"awk", "cp"} <= set(spec.applets)
