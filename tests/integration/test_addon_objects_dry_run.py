@@ -13,6 +13,7 @@ test_double_schemas_vs_real_charts.py): NVIDIA's and Calico's own templates and 
 gpuboot's values and custom resources. The API server is real either way."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from tests.support.apiserver import ApiServer
 from tests.support.modules import load_filter
 
 chart_hooks = load_filter("chart_hooks")
+chart_namespace = load_filter("chart_namespace")
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -256,7 +258,9 @@ def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, 
                 documents += [d for d in yaml.safe_load_all((directory / file).read_text()) if d]
         # What the phase applies of the chart: its hooks sorted as a sync runs them
         # (playbooks/filter_plugins/chart_hooks.py; a hook name it does not know fails here).
-        parts = chart_hooks.chart_hook_split(objects)
+        # Namespaced objects whose templates name no namespace go to the release's, as the phase
+        # puts them (playbooks/filter_plugins/chart_namespace.py).
+        parts = chart_hooks.chart_hook_split(chart_namespace.chart_namespaced(objects, namespace))
         if charts.kind == "real":
             applied = parts["crds"] + parts["before"] + parts["chart"] + parts["after"]
             never = [o["metadata"]["name"] for o in applied
@@ -273,10 +277,16 @@ def test_every_rendered_addon_object_passes_a_server_side_dry_run(case, charts, 
         # One dry run for the add-on's objects: kubectl goes on past an object the server refuses
         # and names each refused one (kind, name, namespace, the server's reason) on stderr.
         proc = api.kubectl("apply", "--server-side", "--dry-run=server", "--field-manager=gpuboot", "-f", "-",
-                           "-o", "name", stdin=yaml.safe_dump_all(documents), check=False)
+                           "-o", "json", stdin=yaml.safe_dump_all(documents), check=False)
         assert proc.returncode == 0, f"{case}/{name}: {proc.stderr}"
-        # ...and every object came back from the server: none was dropped on the way.
-        assert len(proc.stdout.split()) == len(documents), (case, name, proc.stdout)
+        answered = json.loads(proc.stdout)
+        answered = answered["items"] if answered.get("kind") == "List" else [answered]
+        # ...and every object came back from the server: none was dropped on the way...
+        assert len(answered) == len(documents), (case, name, [o["metadata"]["name"] for o in answered])
+        # ...and none landed in `default`, where kubectl puts a namespaced object that names no
+        # namespace: its pods would find neither their ServiceAccount nor their ConfigMaps.
+        stray = [f"{o['kind']}/{o['metadata']['name']}" for o in answered if o["metadata"].get("namespace") == "default"]
+        assert not stray, f"{case}/{name}: objects in the default namespace: {stray}"
         checked += len(documents)
     assert checked > 0
     if charts.kind == "real":

@@ -50,6 +50,8 @@ SUBNET = "10.213.88.0/24"
 RELEASE = "k8s-1.36"
 HGX, PLAIN = f"{NAME}-w1", f"{NAME}-w2"
 NAMESPACE = "nvidia-network-operator"
+# The SR-IOV operator subchart's Deployment, which its template leaves without a namespace.
+SRIOV_OPERATOR = "network-operator-sriov-network-operator"
 SHARED_PORTS = [f"ens{i}f0np0" for i in range(1, 5)]
 VF_PORTS = [f"ens{i}f0np0" for i in range(5, 9)]
 SHARED = "nvidia.com/ib_shared"
@@ -171,7 +173,35 @@ def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_adv
         if pod["status"].get("phase") == "Running":
             assert all(c["ready"] for c in pod["status"]["containerStatuses"]), (pod["metadata"]["name"], seen)
 
+    # The SR-IOV operator's subchart names no namespace on its Deployment and ConfigMap: the
+    # phase put them in the release's namespace, as Argo CD does, and nothing of the chart in
+    # `default`.
+    assert get(info, "deployment", SRIOV_OPERATOR)[0]["status"].get("readyReplicas") == 1, seen
+    assert kubectl(info, "-n", "default", "get", "--ignore-not-found", "-o", "name", f"deployment/{SRIOV_OPERATOR}",
+                   "configmap/supported-nic-ids", "serviceaccount/network-operator-hooks-sa") == "", seen
+
     # A second run (forced: a plain up skips the phase as converged) changes nothing.
     assert run(["up", str(info["inventory"]), "--from", "network_operator", "--to", "network_operator", "--force",
                 "--skip-mirror-check"]) == 0, said(capsys)
     assert phase_changes(info)["network_operator"] == 0, seen
+
+    # What an earlier gpuboot's `kubectl apply -f` put in `default` (the Deployment, by gpuboot's
+    # field manager) goes on the next run; an object of a chart's name that someone else made
+    # there stays.
+    def planted(kind: str, name: str, manager: str) -> None:
+        body = {"apiVersion": "v1" if kind == "ConfigMap" else "apps/v1", "kind": kind,
+                "metadata": {"name": name, "namespace": "default"}}
+        if kind == "Deployment":
+            labels = {"name": "planted"}
+            body["spec"] = {"replicas": 0, "selector": {"matchLabels": labels},
+                            "template": {"metadata": {"labels": labels},
+                                         "spec": {"containers": [{"name": "c", "image": "planted"}]}}}
+        kubectl(info, "apply", "--server-side", f"--field-manager={manager}", "-f", "-", stdin=json.dumps(body))
+
+    planted("Deployment", SRIOV_OPERATOR, "gpuboot")
+    planted("ConfigMap", "supported-nic-ids", "someone-else")
+    assert run(["up", str(info["inventory"]), "--from", "network_operator", "--to", "network_operator", "--force",
+                "--skip-mirror-check"]) == 0, said(capsys)
+    left = {f"{o['kind']}/{o['metadata']['name']}" for o in get(info, "deployments,configmaps", namespace=("-n", "default"))}
+    assert f"Deployment/{SRIOV_OPERATOR}" not in left and "ConfigMap/supported-nic-ids" in left, (left, seen)
+    assert phase_changes(info)["network_operator"] == 1, seen

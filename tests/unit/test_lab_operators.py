@@ -11,8 +11,7 @@ import pytest
 
 from gpuboot import matrix
 from gpuboot_lab.errors import LabError
-from gpuboot_lab.operators import (KUBE_VIP, LOCAL_REPLACE, OPERATORS, SRIOV_CNIS, SRIOV_OPERATOR, OperatorBuild,
-                                   _layer, image_ref, source_version)
+from gpuboot_lab.operators import KUBE_VIP, LOCAL_REPLACE, OPERATORS, SRIOV_CNIS, SRIOV_OPERATOR, OperatorBuild, _layer, image_ref, source_version
 
 
 @pytest.mark.parametrize("release", matrix.available())
