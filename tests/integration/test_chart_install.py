@@ -6,7 +6,10 @@ at the release's versions; the values are what `gpuboot render` writes for the s
 
 Shown: the CRDs' chart is rendered and its CRDs applied and established before the operator's
 chart, whose Installation the API server then accepts against them; a second run changes
-nothing; and the CRDs stay gpuboot's (field manager) as the rest of the add-on."""
+nothing; and the CRDs stay gpuboot's (field manager) as the rest of the add-on. For a chart with
+every hook shape the pinned charts use: hooks applied as a sync runs them (see the test), and
+objects whose templates name no namespace placed in the release's, with what an earlier gpuboot
+put in `default` removed and what someone else made there kept."""
 from __future__ import annotations
 
 import functools
@@ -143,6 +146,11 @@ def hook_chart(helm, into: Path, version: str, job_command: str) -> None:
         "pre-job.yaml": job("hook-demo-upgrade-crd", "pre-install,pre-upgrade", "0", job_command),
         "post-job.yaml": job("hook-demo-post", "post-install,post-upgrade", "0", "true"),
         "cleanup-job.yaml": job("hook-demo-cleanup", "post-delete", "0", "strip every label"),
+        # Templates that name no namespace (the SR-IOV operator's subchart has such a Deployment
+        # and ConfigMap): the release's namespace, as Argo CD places them.
+        "nameless.yaml": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hook-demo-nameless"},
+                          "data": {"b": "2"}},
+        "nameless-sa.yaml": {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "hook-demo-nameless"}},
         "test-pod.yaml": {"apiVersion": "v1", "kind": "Pod",
                           "metadata": {"name": "hook-demo-test", "namespace": "{{ .Release.Namespace }}",
                                        "annotations": {"helm.sh/hook": "test"}},
@@ -190,6 +198,14 @@ def test_helm_hooks_are_applied_as_a_sync_runs_them(api, helm, tmp_path):
         api.kubectl("apply", "--server-side", "--field-manager=gpuboot", "-f", str(stale))
         assert present(api, "job", "hook-demo-cleanup")
 
+        # What an earlier gpuboot's `kubectl apply -f` put in `default` (gpuboot's field manager),
+        # and an object of a chart's name that someone else made there (a label, as the API server
+        # keeps no manager that owns no field).
+        for kind, manager in (("ConfigMap", "gpuboot"), ("ServiceAccount", "someone-else")):
+            api.kubectl("apply", "--server-side", f"--field-manager={manager}", "-f", "-", stdin=json.dumps(
+                {"apiVersion": "v1", "kind": kind,
+                 "metadata": {"name": "hook-demo-nameless", "namespace": "default", "labels": {"planted": "yes"}}}))
+
         first = install_hook_chart(api, helm, tmp_path, url, "1.0.0", addon_dir)
         assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
         # Applied in a sync's order: PreSync hooks, the chart's objects, PostSync hooks.
@@ -205,6 +221,10 @@ def test_helm_hooks_are_applied_as_a_sync_runs_them(api, helm, tmp_path):
             assert present(api, "job", name), name
         assert present(api, "serviceaccount", "hook-demo-hooks")
         assert present(api, "configmap", "hook-demo-settings")
+        assert present(api, "configmap", "hook-demo-nameless") and present(api, "serviceaccount", "hook-demo-nameless")
+        in_default = api.kubectl("get", "configmap,serviceaccount", "-n", "default", "--field-selector",
+                                 "metadata.name=hook-demo-nameless", "-o", "name").stdout.split()
+        assert in_default == ["serviceaccount/hook-demo-nameless"], in_default
         # Delete and test hooks never applied; the one an earlier run left is gone.
         assert not present(api, "job", "hook-demo-cleanup")
         assert not present(api, "pod", "hook-demo-test")
@@ -224,3 +244,4 @@ def test_helm_hooks_are_applied_as_a_sync_runs_them(api, helm, tmp_path):
     finally:
         server.shutdown()
         api.kubectl("delete", "namespace", HOOK_NAMESPACE, "--ignore-not-found", "--wait=false")
+        api.kubectl("delete", "serviceaccount", "hook-demo-nameless", "-n", "default", "--ignore-not-found")
