@@ -97,10 +97,12 @@ def fabric_nodes(cluster) -> dict[str, dict[str, str]]:
 
 
 def chart_env(objects: list[dict], name: str) -> dict[str, str]:
-    """The environment the real chart gives the operator's container."""
+    """The environment the real chart gives the operator's container. A value the chart leaves
+    empty (the OVS CNI image, which gpuboot does not name) is the empty string the kubelet gives
+    it, never Python's "None"."""
     deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == name)
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+    return {e["name"]: "" if e["value"] is None else str(e["value"]) for e in container.get("env", []) if "value" in e}
 
 
 @contextmanager
