@@ -27,7 +27,7 @@ from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
 from gpuboot.mirror.plan import Target, build
 from tests.cli.test_network_renders import nic_only
-from tests.doubles.network_operator.operator import NV_IPAM_CRD
+from tests.doubles.network_operator.chart import NV_IPAM_CRD
 from tests.integration.test_double_schemas_vs_real_charts import source_tree
 from tests.support.addon_doubles import CHARTS, double_chart_at
 from tests.support.apiserver import ApiServer

@@ -1,31 +1,40 @@
 """NVIDIA's real Network Operator in a real lab cluster (issue 29, points 3 and 4): one control
-plane, one HGX-like worker (eight ConnectX-7 InfiniBand fabric ports: four handed to pods by
-the RDMA shared device plugin, four cut into VFs by the SR-IOV operator; two ConnectX-6 Dx
-management ports in bond0) and one worker without RDMA, kubernetes-flavour nodes air-gapped behind the lab mirror, the Kubernetes built from Go
+plane, one HGX-like worker (eight ConnectX-7 fabric ports: four RoCE ports handed to pods by the
+RDMA shared device plugin, one of them a group of its own with a macvlan network over it; four
+InfiniBand ports cut into VFs
+by the SR-IOV operator; two ConnectX-6 Dx management ports in bond0) and one worker without
+RDMA, kubernetes-flavour nodes air-gapped behind the lab mirror, the Kubernetes built from Go
 modules and helm from its Go module. The Network Operator's real chart at the tag the release
 pins, packaged by the real helm from the source tree; its controller and the chart's Node
-Feature Discovery (no GPU node here, so the chart's), NVIDIA's SR-IOV operator and the CNI
-plugins its config daemon copies onto the node built from their sources
+Feature Discovery (no GPU node here, so the chart's), NVIDIA's SR-IOV operator, the CNI plugins
+its config daemon copies onto the node, and Multus, nv-ipam and the container networking
+plugins the NicClusterPolicy deploys for the network, built from their sources
 (`gpuboot_lab.operators`); installed by gpuboot's network_operator phase. The nodes run Debian,
 for which NVIDIA publishes no DOCA driver container: the inventory says the host's driver
 serves (network_operator.driver host), as gpuboot demands there.
 
 TEST DOUBLES only where a ConnectX NIC is needed (tests/support/real_network_operator.py): the
 worker's hardware (a sysfs tree that preflight's real discovery reads, and the plugin's double
-too), declared to the real NFD through a local feature file; the RDMA shared device plugin,
-the SR-IOV config daemon and the SR-IOV device plugin (tests/doubles/network_operator/operands:
-the real ones' config rules and selectors, the config daemon's node-state report and drain
-handshake with the real operator, VFs made in the node's tree, registration with the real
-kubelet).
+too, and a veth link standing for the netdev of the port the macvlan network uses), declared
+to the real NFD through a local feature file; the RDMA shared device plugin, the SR-IOV config
+daemon and the SR-IOV device plugin (tests/doubles/network_operator/operands: the real ones'
+config rules and selectors, the config daemon's node-state report and drain handshake with the
+real operator, VFs made in the node's tree, registration with the real kubelet). A pod on a VF
+network would need a VF to move into it: the VF group has no network here (the SriovIBNetwork's
+attachment is shown against the real SR-IOV operator in test_real_sriov_operator.py).
 
-What it shows: the real operator, fed gpuboot's NicClusterPolicy, runs no driver container,
-lifts its driver wait on the node NFD labelled as holding a Mellanox NIC, places the RDMA
-shared device plugin there only and says the policy is ready; the real SR-IOV operator, fed
-gpuboot's policy, asks the HGX node's config daemon for the VF group's ports and VF count and
-runs the SR-IOV device plugin there only; the phase's wait and the gate pass on it; the kubelet
-advertises the shared ports and the VFs as the inventory asks; every pod's image is
-one gpuboot's mirror plan holds and every planned image of what the operator deploys is
-deployed; a second run changes nothing."""
+What it shows: preflight refuses a group whose selector takes the management ports before
+anything is built; the real operator, fed gpuboot's NicClusterPolicy, runs no driver container,
+lifts its driver wait on the node NFD labelled as holding a Mellanox NIC, places the RDMA shared
+device plugin there only and says the policy is ready; the real SR-IOV operator, fed gpuboot's
+policy, asks the HGX node's config daemon for the VF group's ports and VF count and runs the
+SR-IOV device plugin there only; the real operator turns gpuboot's MacvlanNetwork into a
+NetworkAttachmentDefinition, nv-ipam gives the HGX node a block of the pool, and validate's pod
+attached to the network through the real Multus, macvlan and nv-ipam gets an address of that
+block; the phase's wait and the gate pass on it; the kubelet advertises the shared ports and the
+VFs as the inventory asks; every pod's image is one gpuboot's mirror plan holds and every
+planned image of what the operator deploys is deployed; a second run changes nothing, and puts
+back a deleted policy."""
 from __future__ import annotations
 
 import json
@@ -38,7 +47,7 @@ from gpuboot.cli.main import run
 from gpuboot.config.loader import load_cluster
 from gpuboot.mirror import plan as mirror_plan
 from gpuboot_lab.cluster import LabSpec
-from tests.doubles.hardware.sysfs import build_tree, hgx_server
+from tests.doubles.hardware.sysfs import ARPHRD, build_tree, hgx_server
 from tests.support import real_network_operator
 from tests.support.addon_lab import addon_lab, kubectl, phase_changes, said
 from tests.support.reuse import reuse_module
@@ -54,12 +63,18 @@ NAMESPACE = "nvidia-network-operator"
 SRIOV_OPERATOR = "network-operator-sriov-network-operator"
 SHARED_PORTS = [f"ens{i}f0np0" for i in range(1, 5)]
 VF_PORTS = [f"ens{i}f0np0" for i in range(5, 9)]
-SHARED = "nvidia.com/ib_shared"
+SHARED = "nvidia.com/roce_shared"
+STORAGE = "nvidia.com/roce_storage"
 VFS = "nvidia.com/ib_vf"
 RDMA_HCA_MAX = 63
 NUM_VFS = 4
+# The macvlan network on a shared RoCE port of its own (a macvlan has one parent interface).
+NETWORK, NETWORK_NAMESPACE, SUBNET_PREFIX = "storage", "training", "192.168.130."
 NICS = [
-    {"name": "ib-shared", "pf_names": SHARED_PORTS, "link_type": "ib", "resource_name": SHARED},
+    {"name": "roce-storage", "pf_names": SHARED_PORTS[:1], "link_type": "eth", "resource_name": STORAGE,
+     "network": {"name": NETWORK, "namespace": NETWORK_NAMESPACE,
+                 "ip_pool": {"subnet": f"{SUBNET_PREFIX}0/24", "per_node_block_size": 16}}},
+    {"name": "roce-shared", "pf_names": SHARED_PORTS[1:], "link_type": "eth", "resource_name": SHARED},
     {"name": "ib-vf", "pf_names": VF_PORTS, "link_type": "ib", "num_vfs": NUM_VFS, "resource_name": VFS},
     {"name": "mgmt", "pf_names": ["eno1np0", "eno2np0"], "purpose": "management"},
 ]
@@ -89,18 +104,31 @@ def net_cluster(reused, lab_required, tmp_path, monkeypatch, capsys):
         data["all"]["vars"]["gpuboot"]["network_operator"] = {"driver": "host"}
         node_lab.write(data)
         (node_lab.inventory.parent / "host_vars").mkdir()
-        (node_lab.inventory.parent / "host_vars" / f"{HGX}.yml").write_text(yaml.safe_dump(
-            {"gpuboot_node": {"os": "debian-12", "nics": NICS}, **HGX_VARS}))
+        write_hgx(node_lab.inventory, NICS)
         tree = tmp_path / "hgx"
-        build_tree(hgx_server(gpus=0, nvswitches=0, connectx=8, link="ib", management=2, bond=True), tree)
+        build_tree(hgx_with_two_fabrics(), tree)
         images = real_network_operator.into_bundle(node_lab, release)
         mirror = node_lab.start_mirror()
         info = node_lab.info(images=images, mirror=mirror, release=release, out=tmp_path / "seen")
-        real_network_operator.declare_hardware(info, {HGX: tree})
+        real_network_operator.declare_hardware(info, {HGX: tree}, netdevs={HGX: SHARED_PORTS[:1]})
         try:
             yield info
         finally:
             real_network_operator.keep(info["out"], info)
+
+
+def hgx_with_two_fabrics() -> dict:
+    """The HGX-like worker's hardware: RoCE on the shared ports, InfiniBand on the VF ports."""
+    facts = hgx_server(gpus=0, nvswitches=0, connectx=8, link="eth", management=2, bond=True)
+    for port in VF_PORTS:
+        facts["net"][port]["type"] = ARPHRD["ib"]
+        facts["pci"][facts["net"][port]["device"]]["class"] = "0x020700\n"
+    return facts
+
+
+def write_hgx(inventory, nics: list[dict]) -> None:
+    (inventory.parent / "host_vars" / f"{HGX}.yml").write_text(yaml.safe_dump(
+        {"gpuboot_node": {"os": "debian-12", "nics": nics}, **HGX_VARS}))
 
 
 def get(info, *args: str, namespace: tuple[str, ...] = ("-n", NAMESPACE)) -> list[dict]:
@@ -112,6 +140,16 @@ def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_adv
         net_cluster, capsys):
     info = net_cluster
     seen = f"(what the cluster showed: {info['out']}, kept at the test's end)"
+    # A group selected by vendor:device that the management ports share: preflight reads the
+    # node's ports and refuses before anything is applied (the cluster is not even built).
+    write_hgx(info["inventory"], NICS + [{"name": "roce", "device_ids": ["15b3:101d"], "resource_name": "rdma/roce"}])
+    assert run(["up", str(info["inventory"]), "--to", "validate", "--skip-mirror-check"]) != 0
+    refused = said(capsys)
+    assert "NIC group roce's RDMA shared device plugin would take port eno1np0" in refused, refused
+    assert "carries this node's own address (through bond0)" in refused, refused
+    assert not info["kubeconfig"].exists()
+
+    write_hgx(info["inventory"], NICS)
     code = run(["up", str(info["inventory"]), "--to", "validate", "--skip-mirror-check"])
     told = said(capsys)
     assert code == 0, (told, seen)
@@ -120,14 +158,20 @@ def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_adv
     report = json.loads((info["kubeconfig"].parent / "validate.json").read_text())
     assert report["short"] == 0, report
     rows = {(r["node"], r["check"]): r for r in report["rows"]}
-    assert rows[(HGX, "fabric allocatable")]["got"] == f"{SHARED}={RDMA_HCA_MAX}, {VFS}={NUM_VFS * len(VF_PORTS)}", \
+    advertised = dict(item.split("=") for item in rows[(HGX, "fabric allocatable")]["got"].split(", "))
+    assert advertised == {SHARED: str(RDMA_HCA_MAX), STORAGE: str(RDMA_HCA_MAX), VFS: str(NUM_VFS * len(VF_PORTS))}, \
         rows[(HGX, "fabric allocatable")]
     assert rows[("-", "NicClusterPolicy")]["ok"] and rows[(HGX, "VFs made")]["got"] == "Succeeded", rows
+    # validate's pod on the network, attached by the real Multus through the real macvlan plugin
+    # over the port's netdev, its address from the real nv-ipam.
+    attached = rows[(HGX, f"attach {NETWORK_NAMESPACE}/{NETWORK}")]
+    assert attached["ok"] and attached["got"].startswith(SUBNET_PREFIX), attached
 
     # The kubelet advertises what the RDMA shared device plugin (its double, through the
     # device-plugin API) registered, on the HGX node only.
     nodes = {n["metadata"]["name"]: n for n in get(info, "nodes", namespace=())}
     assert nodes[HGX]["status"]["allocatable"].get(SHARED) == str(RDMA_HCA_MAX), seen
+    assert nodes[HGX]["status"]["allocatable"].get(STORAGE) == str(RDMA_HCA_MAX), seen
     assert nodes[HGX]["status"]["allocatable"].get(VFS) == str(NUM_VFS * len(VF_PORTS)), seen
     assert not any(k.startswith("nvidia.com/") for k in nodes[PLAIN]["status"]["allocatable"]), seen
     # The real NFD labelled the HGX node from its feature file and its own sources (the OS, the
@@ -151,6 +195,22 @@ def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_adv
     assert "mofed-container" not in on and "ofedDriver" not in policy["spec"], (on, seen)
     assert on.get("rdma-shared-dp") == {HGX}, (on, seen)
     assert on.get("sriov-network-config-daemon") == {HGX} and on.get("sriov-device-plugin") == {HGX}, (on, seen)
+    assert HGX in on.get("kube-multus", set()) and HGX in on.get("nv-ipam-node", set()), (on, seen)
+    assert HGX in on.get("cni-plugins", set()) and on.get("nv-ipam-controller"), (on, seen)
+    # The real operator made the network's attachment from gpuboot's MacvlanNetwork, and nv-ipam's
+    # controller gave the HGX node a block of the pool; the attached address is in it.
+    attachment = get(info, "network-attachment-definitions.k8s.cni.cncf.io", NETWORK,
+                     namespace=("-n", NETWORK_NAMESPACE))[0]
+    config = json.loads(attachment["spec"]["config"])
+    assert (config.get("type"), config.get("master"), config.get("mode")) == ("macvlan", SHARED_PORTS[0], "bridge"), \
+        (config, seen)
+    assert config["ipam"] == {"type": "nv-ipam", "poolName": "gpuboot-roce-storage"}, (config, seen)
+    pool = get(info, "ippools.nv-ipam.nvidia.com", "gpuboot-roce-storage")[0]
+    blocks = {a["nodeName"]: a for a in pool.get("status", {}).get("allocations", [])}
+    assert set(blocks) == {HGX}, (pool.get("status"), seen)
+    start = blocks[HGX]["startIP"].rsplit(".", 1)[1]
+    end = blocks[HGX]["endIP"].rsplit(".", 1)[1]
+    assert int(start) <= int(attached["got"].split("/")[0].rsplit(".", 1)[1]) <= int(end), (blocks, attached)
     # The real SR-IOV operator asked the HGX node for the VF group's ports only, and its config
     # daemon (the double) made them and says so.
     state = get(info, "sriovnetworknodestates.sriovnetwork.openshift.io", HGX)[0]
@@ -200,8 +260,11 @@ def test_the_real_network_operator_installs_from_the_mirror_and_the_hgx_node_adv
 
     planted("Deployment", SRIOV_OPERATOR, "gpuboot")
     planted("ConfigMap", "supported-nic-ids", "someone-else")
+    # And a policy deleted by hand is put back.
+    kubectl(info, "-n", NAMESPACE, "delete", "sriovnetworknodepolicies.sriovnetwork.openshift.io", "gpuboot-ib-vf")
     assert run(["up", str(info["inventory"]), "--from", "network_operator", "--to", "network_operator", "--force",
                 "--skip-mirror-check"]) == 0, said(capsys)
     left = {f"{o['kind']}/{o['metadata']['name']}" for o in get(info, "deployments,configmaps", namespace=("-n", "default"))}
     assert f"Deployment/{SRIOV_OPERATOR}" not in left and "ConfigMap/supported-nic-ids" in left, (left, seen)
-    assert phase_changes(info)["network_operator"] == 1, seen
+    assert get(info, "sriovnetworknodepolicies.sriovnetwork.openshift.io", "gpuboot-ib-vf")[0]["spec"]["numVfs"] == NUM_VFS
+    assert phase_changes(info)["network_operator"] == 2, seen

@@ -1,13 +1,16 @@
 """NVIDIA's real Network Operator in a kubernetes-flavour lab (tests/support/addon_lab.py): its
 chart at the tag the release pins (tests/support/upstream_charts.py); its controller and the
-chart's Node Feature Discovery built from source (`gpuboot_lab.operators`); a The SR-IOV
-operator (NVIDIA's fork) and the CNI plugins its config daemon copies onto the nodes are built
-from source too. TEST DOUBLES only where a ConnectX NIC is needed
+chart's Node Feature Discovery built from source (`gpuboot_lab.operators`); the SR-IOV
+operator (NVIDIA's fork), the CNI plugins its config daemon copies onto the nodes, and the
+secondary networks' Multus, nv-ipam and container networking plugins are built from source
+too. TEST DOUBLES only where a ConnectX NIC is needed
 (tests/doubles/network_operator/operands): the RDMA shared device plugin, the SR-IOV config
 daemon (it makes VFs in the node's double tree) and the SR-IOV device plugin. On each fabric
 node, the hardware they look for: NFD's local feature file that says a Mellanox PCI device is
 there, and the node's double sysfs tree where the doubles read it (the same tree preflight's
-discovery reads), bound also where the SR-IOV device plugin's pod can see it.
+discovery reads), bound also where the SR-IOV device plugin's pod can see it; and for a port a
+network's CNI plugin uses as its master (macvlan), a link of the port's name in the node's
+network namespace (one end of a veth pair), standing for the port's netdev.
 
 The lab's nodes run Debian, for which NVIDIA publishes no DOCA driver container (the operator
 refuses the OS for one): its fabric nodes use the host's driver (network_operator.driver host),
@@ -49,7 +52,7 @@ def images(bundle: Bundle, release: matrix.Release) -> list[Artifact]:
     plugin)."""
     operands = go_doubles.build("network_operator/operands", "network-operands").read_bytes()
     specs = (*(s for s in operators.OPERATORS if s.component == "network_operator"), operators.SRIOV_OPERATOR,
-             *operators.SRIOV_CNIS)
+             *operators.SRIOV_CNIS, *operators.SECONDARY_NETWORKS)
     built = operators.images(bundle, release, specs=specs)
     refs = release.images["network_operator"]
     # The operator's DaemonSet runs it as /bin/k8s-rdma-shared-dp.
@@ -71,15 +74,19 @@ def into_bundle(node_lab, release: matrix.Release) -> list[str]:
                                        lambda bundle, _: images(bundle, release))
 
 
-def declare_hardware(info: dict, trees: dict[str, Path]) -> None:
+def declare_hardware(info: dict, trees: dict[str, Path], netdevs: dict[str, list[str]] | None = None) -> None:
     """On each fabric node (name -> its double tree, as tests/doubles/hardware builds it): NFD's
     feature file and the tree where the plugin's double (and preflight, through its lab-only
-    role inputs) read it."""
+    role inputs) read it; `netdevs`: per node, the ports that need a netdev."""
     for node, tree in trees.items():
         archive = subprocess.run(["tar", "-C", str(tree), "-c", "."], capture_output=True, check=True).stdout
+        # A veth pair (the lab's kernel has no dummy links): the port's end takes a macvlan.
+        links = [f"ip link add {name} type veth peer name {name}-p && ip link set {name}-p up && ip link set {name} up"
+                 for name in (netdevs or {}).get(node, [])]
         for command, stdin in ((f"mkdir -p {Path(FEATURES).parent} && printf '{DOUBLE_FEATURES}' > {FEATURES}", None),
                                (f"mkdir -p {HARDWARE_ROOT} && tar -x -C {HARDWARE_ROOT}", archive),
-                               (f"mkdir -p {DEVICE_INFO_ROOT} && mount --bind {HARDWARE_ROOT} {DEVICE_INFO_ROOT}", None)):
+                               (f"mkdir -p {DEVICE_INFO_ROOT} && mount --bind {HARDWARE_ROOT} {DEVICE_INFO_ROOT}", None),
+                               *((link, None) for link in links)):
             done = ssh(info, node, command, stdin=stdin)
             assert done.returncode == 0, f"{node}: {command}: {done.stderr}"
 
@@ -87,4 +94,6 @@ def declare_hardware(info: dict, trees: dict[str, Path]) -> None:
 def keep(out: Path, info: dict) -> None:
     """What the cluster showed, for whoever reads a failure."""
     upstream_charts.keep(out, info, "nvidia-network-operator", {
-        "nicclusterpolicy": ["get", "nicclusterpolicies.mellanox.com", "-o", "yaml"]}, tail=200)
+        "nicclusterpolicy": ["get", "nicclusterpolicies.mellanox.com", "-o", "yaml"],
+        "ippools": ["get", "ippools.nv-ipam.nvidia.com", "-A", "-o", "yaml"],
+        "network-attachment-definitions": ["get", "network-attachment-definitions", "-A", "-o", "yaml"]}, tail=200)

@@ -11,13 +11,25 @@ import pytest
 
 from gpuboot import matrix
 from gpuboot_lab.errors import LabError
-from gpuboot_lab.operators import KUBE_VIP, LOCAL_REPLACE, OPERATORS, SRIOV_CNIS, SRIOV_OPERATOR, OperatorBuild, _layer, image_ref, source_version
+from gpuboot_lab.operators import (
+    KUBE_VIP,
+    LOCAL_REPLACE,
+    MULTUS_BIN,
+    OPERATORS,
+    SECONDARY_NETWORKS,
+    SRIOV_CNIS,
+    SRIOV_OPERATOR,
+    OperatorBuild,
+    _layer,
+    image_ref,
+    source_version,
+)
 
 
 @pytest.mark.parametrize("release", matrix.available())
 def test_every_release_names_each_operator_image_the_lab_builds(release):
     loaded = matrix.load(release)
-    for spec in (*OPERATORS, SRIOV_OPERATOR, *SRIOV_CNIS, KUBE_VIP):
+    for spec in (*OPERATORS, SRIOV_OPERATOR, *SRIOV_CNIS, *SECONDARY_NETWORKS, KUBE_VIP):
         # The source is built at a version: the image's tag (the init container's repository
         # tags each Network Operator release network-operator-vX), or the one the spec names.
         version = source_version(loaded, spec)
@@ -88,11 +100,51 @@ def test_a_fork_without_the_releases_tag_is_built_from_its_release_branch_and_sa
 
 
 def test_an_images_layer_holds_its_applets_as_links_to_busybox():
-    layer = _layer([("entrypoint.sh", b"#!/bin/sh\n", 0o755)], (("bin/awk", "busybox"),))
+    layer = _layer([("entrypoint.sh", b"#!/bin/sh\n", 0o755)], (("bin/awk", "busybox"),), ("var/log",))
     with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
         members = {m.name: m for m in tar.getmembers()}
     assert members["entrypoint.sh"].mode == 0o755 and members["bin/awk"].issym()
+    assert members["var/log"].isdir()
     assert members["bin/awk"].linkname == "busybox"
     # The CNI plugins' entrypoint scripts run their image's applets: each links them.
     for spec in SRIOV_CNIS:
         assert spec.entrypoint == ("/entrypoint.sh",) and {"awk", "cp"} <= set(spec.applets)
+
+
+def test_nv_ipams_node_daemon_finds_its_cni_log_folder():
+    """ipam-node refuses to start when its --cni-log-file's folder (/var/log) is missing, which
+    the upstream image's distroless base has."""
+    nv_ipam = next(spec for spec in SECONDARY_NETWORKS if spec.key == "nvIpam")
+    assert "var/log" in nv_ipam.folders
+
+
+def test_multus_is_where_the_policys_daemonset_runs_it_and_its_installer_copies_from():
+    """The NicClusterPolicy's DaemonSet runs /install_multus --type thin, which copies multus and
+    passthru from /usr/src/multus-cni/bin, then /thin_entrypoint."""
+    multus = next(spec for spec in SECONDARY_NETWORKS if spec.key == "multus")
+    built = {multus.image_path(name) for name, _ in multus.binaries}
+    assert {f"{MULTUS_BIN}/multus", f"{MULTUS_BIN}/passthru"} <= built
+    for command in ("install_multus", "thin_entrypoint"):
+        target = dict(multus.links)[command]
+        assert target.lstrip("/") in built, (command, target)
+
+
+def test_the_cni_plugins_entrypoint_copies_every_plugin_by_rename_and_stays(tmp_path):
+    """The policy's DaemonSet runs the image's entrypoint with the node's CNI folder at
+    /host/opt/cni/bin: every plugin lands there whole (a running plugin's file is replaced, not
+    rewritten), and the container stays."""
+    plugins = next(spec for spec in SECONDARY_NETWORKS if spec.key == "cniPlugins")
+    assert {"macvlan", "host-local", "ipvlan"} <= {name for name, _ in plugins.binaries}
+    shell, flag, script = plugins.entrypoint
+    assert (shell, flag) == ("/bin/sh", "-c") and set(plugins.applets) >= {"cp", "mv", "sleep"}
+    source, host = tmp_path / "src", tmp_path / "host"
+    source.mkdir()
+    host.mkdir()
+    for name in ("macvlan", "host-local"):
+        (source / name).write_text(f"new {name}")
+    (host / "macvlan").write_text("old")
+    local = (script.replace(f"/{plugins.bin_path}", str(source)).replace("/host/opt/cni/bin", str(host))
+             .replace("while :; do sleep 3600; done", "exit 0"))
+    done = subprocess.run(["sh", "-c", local], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    assert {p.name: p.read_text() for p in host.iterdir()} == {"macvlan": "new macvlan", "host-local": "new host-local"}

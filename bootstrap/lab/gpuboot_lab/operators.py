@@ -79,6 +79,10 @@ class OperatorImage:
     release_branch: str = ""
     # busybox applets the image's own scripts run (linked in /bin beside the shell).
     applets: tuple[str, ...] = ()
+    # Symbolic links (path in the image, target): a binary the Dockerfile copies to two places.
+    links: tuple[tuple[str, str], ...] = ()
+    # Empty folders the upstream image's base has and its binaries check for (distroless's /var/log).
+    folders: tuple[str, ...] = ()
 
     def image_path(self, name: str) -> str:
         return f"{self.bin_path}/{name}" if self.bin_path else name
@@ -180,6 +184,43 @@ SRIOV_CNIS = (
     OperatorImage("network_operator", "rdmaCni", "module:github.com/k8snetworkplumbingwg/rdma-cni",
                   binaries=(("rdma", "cmd/rdma"),), files=(("images/entrypoint.sh", "entrypoint.sh"),),
                   entrypoint=("/entrypoint.sh",), source_version="v1.3.0", applets=_CNI_APPLETS),
+)
+
+# The secondary networks' pieces the NicClusterPolicy deploys (NVIDIA builds them from forks under
+# the operator's tag; the lab builds the upstream release each follows):
+# - Multus, thin plugin (the policy's DaemonSet runs /install_multus --type thin, which copies
+#   multus and passthru from /usr/src/multus-cni/bin, then /thin_entrypoint); `vendor/`.
+# - nv-ipam: its controller, its node daemon and the CNI shim the daemon copies onto the node
+#   (from /nv-ipam).
+# - The container networking plugins (macvlan, host-local, ...): the policy's DaemonSet runs the
+#   image's own entrypoint, which copies them onto the node and stays. NVIDIA's script is not
+#   published; the lab's does that with busybox, replacing each file by rename (a plugin may be
+#   running).
+MULTUS_BIN = "usr/src/multus-cni/bin"
+_CNI_PLUGINS = ("main/bridge", "main/host-device", "main/ipvlan", "main/loopback", "main/macvlan", "main/ptp",
+                "main/vlan", "main/dummy", "main/tap", "ipam/dhcp", "ipam/host-local", "ipam/static",
+                "meta/bandwidth", "meta/firewall", "meta/portmap", "meta/sbr", "meta/tuning", "meta/vrf")
+CNI_PLUGINS_BIN = "usr/src/cni/bin"
+_COPY_PLUGINS = (f"for f in /{CNI_PLUGINS_BIN}/*; do n=${{f##*/}}; cp \"$f\" \"/host/opt/cni/bin/.$n.new\" && "
+                 f"mv -f \"/host/opt/cni/bin/.$n.new\" \"/host/opt/cni/bin/$n\" || exit 1; done; "
+                 f"echo copied; while :; do sleep 3600; done")
+SECONDARY_NETWORKS = (
+    OperatorImage("network_operator", "multus", "tree:k8snetworkplumbingwg/multus-cni",
+                  binaries=(("multus", "cmd/multus"), ("passthru", "cmd/passthru-cni"),
+                            ("install_multus", "cmd/install_multus"), ("thin_entrypoint", "cmd/thin_entrypoint")),
+                  bin_path=MULTUS_BIN, entrypoint=("/thin_entrypoint",), source_version="v4.3.0",
+                  links=(("install_multus", f"/{MULTUS_BIN}/install_multus"),
+                         ("thin_entrypoint", f"/{MULTUS_BIN}/thin_entrypoint")),
+                  variables=(("gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus.version", "{version}"),)),
+    OperatorImage("network_operator", "nvIpam", "tree:Mellanox/nvidia-k8s-ipam",
+                  binaries=(("ipam-controller", "cmd/ipam-controller"), ("ipam-node", "cmd/ipam-node"),
+                            ("nv-ipam", "cmd/nv-ipam")), bin_path="", user="0",
+                  # The node daemon refuses to start unless its CNI shim's log folder exists.
+                  folders=("var/log",)),
+    OperatorImage("network_operator", "cniPlugins", "module:github.com/containernetworking/plugins",
+                  binaries=tuple((name.split("/")[1], f"plugins/{name}") for name in _CNI_PLUGINS),
+                  bin_path=CNI_PLUGINS_BIN, entrypoint=("/bin/sh", "-c", _COPY_PLUGINS), source_version="v1.9.1",
+                  applets=("cp", "mv", "echo", "sleep")),
 )
 
 # kube-vip (control_plane.mode kube_vip), from its repository's tree at the tag (the module
@@ -344,10 +385,15 @@ class OperatorBuild:
         return found
 
 
-def _layer(entries: list[tuple[str, bytes, int]], links: tuple[tuple[str, str], ...] = ()) -> bytes:
-    """Files (path, content, mode) and symbolic links (path, target)."""
+def _layer(entries: list[tuple[str, bytes, int]], links: tuple[tuple[str, str], ...] = (),
+           folders: tuple[str, ...] = ()) -> bytes:
+    """Files (path, content, mode), symbolic links (path, target) and empty folders."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(folders):
+            info = tarfile.TarInfo(path)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
+            tar.addfile(info)
         for path, data, mode in sorted(entries):
             info = tarfile.TarInfo(path)
             info.mode, info.mtime, info.size = mode, 0, len(data)
@@ -389,8 +435,8 @@ def images(bundle: Bundle, release: Release, build: OperatorBuild | None = None,
         entries = [(spec.image_path(name), (bin_dir / name).read_bytes(), 0o755) for name, _ in spec.binaries]
         entries += build.files(spec, version)
         entries += (stand_ins or {}).get(spec.key, [])
-        links = tuple((f"bin/{applet}", "busybox") for applet in spec.applets)
+        links = tuple((f"bin/{applet}", "busybox") for applet in spec.applets) + spec.links
         config = {"User": spec.user, **({"Entrypoint": list(spec.entrypoint)} if spec.entrypoint else {})}
         build.log(f"image {ref}" + (f" from {what}" if what != version else ""))
-        built.append(layered_image(bundle, ref, [base, _layer(entries, links)], config))
+        built.append(layered_image(bundle, ref, [base, _layer(entries, links, spec.folders)], config))
     return built

@@ -18,6 +18,9 @@ import jsonschema
 HERE = Path(__file__).resolve().parent
 VALUES_SCHEMA = HERE.parent / "charts" / "network-operator" / "values.schema.json"
 POLICY_SCHEMA = HERE / "nic_cluster_policy.schema.json"
+# The real operator applies nv-ipam's CRDs itself, from its state-nv-ipam-cni manifests, once the
+# NicClusterPolicy asks for nvIpam; its chart does not carry them (a real CRD's double).
+NV_IPAM_CRD = HERE / "nv-ipam.nvidia.com_ippools.yaml"
 # The plugin's own resource name rule.
 RESOURCE_NAME = re.compile(r"^[a-zA-Z0-9_]+$")
 

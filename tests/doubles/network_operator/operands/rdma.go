@@ -14,12 +14,10 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
-	"syscall"
 
 	"google.golang.org/grpc"
 	"gpuboot.local/doubles/deviceplugin"
@@ -186,15 +184,11 @@ func (p *sharedPlugin) Allocate(_ context.Context, request *api.AllocateRequest)
 func rdmaSharedMain(args []string) int {
 	flags := flag.NewFlagSet("k8s-rdma-shared-dp", flag.ContinueOnError)
 	configFile := flags.String("config-file", rdmaConfigFile, "path to device plugin config file")
-	useCdi := flags.Bool("use-cdi", false, "Use Container Device Interface to expose devices in containers")
-	hardware := flags.String("hardware", HardwareRoot, "the node's double sysfs tree (the double's own flag)")
-	pluginDir := flags.String("plugin-dir", api.DevicePluginPath, "the kubelet's device-plugin folder (the double's own flag)")
-	once := flags.Bool("print", false, "print what it would advertise, and exit (the double's own flag)")
+	plugin := newPluginFlags(flags, "rdma shared device plugin", HardwareRoot)
 	if err := flags.Parse(args); err != nil {
 		return 2
 	}
-	if *useCdi {
-		log.Printf("rdma shared device plugin TEST DOUBLE: --use-cdi is not doubled")
+	if plugin.refused(nil) {
 		return 1
 	}
 	configs, err := LoadRdmaConfig(*configFile)
@@ -202,28 +196,14 @@ func rdmaSharedMain(args []string) int {
 		log.Printf("Exiting.. one or more invalid configuration(s) given: %v", err)
 		return 1
 	}
-	ports, err := Ports(*hardware)
-	if err != nil {
-		log.Printf("rdma shared device plugin TEST DOUBLE: %v", err)
+	ports, err := Ports(*plugin.hardware)
+	if plugin.refused(err) {
 		return 1
 	}
-	resources := SharedResources(configs, ports)
-	if *once {
-		for _, resource := range resources {
-			fmt.Printf("%s=%d\n", resource.Name, resource.Devices)
-		}
-		return 0
+	var resources []advertised
+	for _, resource := range SharedResources(configs, ports) {
+		resources = append(resources, advertised{deviceplugin.Resource{Name: resource.Name, Endpoint: resource.Socket,
+			Server: &sharedPlugin{resource: resource, charDevices: rdmaCharDevicesFolder}}, resource.Devices})
 	}
-	var served []deviceplugin.Resource
-	for _, resource := range resources {
-		served = append(served, deviceplugin.Resource{Name: resource.Name, Endpoint: resource.Socket,
-			Server: &sharedPlugin{resource: resource, charDevices: rdmaCharDevicesFolder}})
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := deviceplugin.Serve(ctx, *pluginDir, served); err != nil {
-		log.Printf("rdma shared device plugin TEST DOUBLE: %v", err)
-		return 1
-	}
-	return 0
+	return plugin.advertise(resources)
 }

@@ -17,12 +17,10 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"google.golang.org/grpc"
 	"gpuboot.local/doubles/deviceplugin"
@@ -251,15 +249,11 @@ func sriovDPMain(args []string) int {
 	configFile := flags.String("config-file", "/etc/pcidp/config.json", "JSON device pool config file location")
 	prefix := flags.String("resource-prefix", "intel.com", "resource name prefix used for K8s extended resource")
 	flags.Int("log-level", 2, "the real plugin's log level (the double logs the same either way)")
-	useCdi := flags.Bool("use-cdi", false, "Use Container Device Interface to expose devices in containers")
-	hardware := flags.String("hardware", sriovDPHardwareRoot, "the node's double sysfs tree (the double's own flag)")
-	pluginDir := flags.String("plugin-dir", api.DevicePluginPath, "the kubelet's device-plugin folder (the double's own flag)")
-	once := flags.Bool("print", false, "print what it would advertise, and exit (the double's own flag)")
+	plugin := newPluginFlags(flags, "sriov device plugin", sriovDPHardwareRoot)
 	if err := flags.Parse(args); err != nil {
 		return 2
 	}
-	if *useCdi {
-		log.Printf("sriov device plugin TEST DOUBLE: --use-cdi is not doubled")
+	if plugin.refused(nil) {
 		return 1
 	}
 	configured, err := LoadSriovConfig(*configFile, *prefix)
@@ -267,29 +261,15 @@ func sriovDPMain(args []string) int {
 		log.Printf("Exiting.. one or more invalid configuration(s) given: %v", err)
 		return 1
 	}
-	functions, err := Functions(*hardware)
-	if err != nil {
-		log.Printf("sriov device plugin TEST DOUBLE: %v", err)
+	functions, err := Functions(*plugin.hardware)
+	if plugin.refused(err) {
 		return 1
 	}
-	resources := SriovResources(configured, functions)
-	if *once {
-		for _, resource := range resources {
-			fmt.Printf("%s=%d\n", resource.Name, len(resource.Devices))
-		}
-		return 0
-	}
-	var served []deviceplugin.Resource
-	for _, resource := range resources {
+	var resources []advertised
+	for _, resource := range SriovResources(configured, functions) {
 		log.Printf("%s: %d device(s) %s", resource.Name, len(resource.Devices), strings.Join(resource.Devices, " "))
-		served = append(served, deviceplugin.Resource{Name: resource.Name, Endpoint: resource.Socket,
-			Server: &sriovPlugin{resource: resource}})
+		resources = append(resources, advertised{deviceplugin.Resource{Name: resource.Name, Endpoint: resource.Socket,
+			Server: &sriovPlugin{resource: resource}}, len(resource.Devices)})
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := deviceplugin.Serve(ctx, *pluginDir, served); err != nil {
-		log.Printf("sriov device plugin TEST DOUBLE: %v", err)
-		return 1
-	}
-	return 0
+	return plugin.advertise(resources)
 }
