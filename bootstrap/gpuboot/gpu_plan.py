@@ -18,7 +18,7 @@ from gpuboot.matrix import Release
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 DEVICE_PLUGIN_LABEL = "nvidia.com/device-plugin.config"
 DEPLOY_DRIVER_LABEL = "nvidia.com/gpu.deploy.driver"
-# gpuboot's own label: which NVIDIADriver object serves the node when kinds are mixed.
+# gpuboot's own label: which NVIDIADriver object serves the node when kinds or OS releases are mixed.
 DRIVER_KIND_LABEL = "gpuboot.io/gpu-driver"
 DEFAULT_DEVICE_PLUGIN_CONFIG = "default"
 MIG_DISABLED = "all-disabled"
@@ -145,7 +145,14 @@ class GpuPlan:
 
     @property
     def mixed_drivers(self) -> bool:
-        return len(self.driver_kinds) > 1
+        """Whether the driver takes NVIDIADriver objects (one per kind) instead of the
+        ClusterPolicy: the nodes whose driver the operator deploys differ in kind, or in OS.
+        The ClusterPolicy's driver takes the OS tag of the first GPU node the operator lists
+        for every node (operator v26.7.0, controllers/state_manager.go: getGPUNodeOSInfo), so
+        on a fleet of two OS releases some nodes would pull an image built for the other;
+        an NVIDIADriver pools its nodes by OS and kernel."""
+        managed = [n for n in self.nodes.values() if n.driver != "preinstalled"]
+        return len(self.driver_kinds) > 1 or len({n.os_tag for n in managed}) > 1
 
     def operands(self) -> tuple[str, ...]:
         """The GPU Operator's operands the values turn on (keys of the matrix's gpu_operator

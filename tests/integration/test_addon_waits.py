@@ -1,7 +1,9 @@
 """The add-on waits against a real API server: the calico role's ready.yml and the
 gpu_operator role's ready.yml, run by the real ansible-playbook (local connection) with the
-real kubectl, and the network_operator role's. The operators cannot run here, so the test
-writes the status they would write (TigeraStatus conditions, the ClusterPolicy's and the
+real kubectl, and the network_operator role's. The operators do not run here (the real ones do in
+test_real_gpu_operator_pods.py and test_real_network_operator_pods.py), so the test writes the
+status they would write, under NVIDIA's real CRDs at the tags the lab's release pins (read from
+the upstream source trees; skipped, naming the tree, where absent), and Calico's double (TigeraStatus conditions, the ClusterPolicy's and the
 NicClusterPolicy's state, each SR-IOV node state's sync status, the fabric nodes' allocatable).
 Shown: a wait passes when every component is Available (the policy ready), and otherwise stops
 naming each component with the reason and message of its Degraded condition (the policy's
@@ -18,10 +20,29 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpuboot import matrix
+from gpuboot_lab import LAB_RELEASE
+from tests.integration.test_double_schemas_vs_real_charts import UPSTREAMS, real_crd, source_tree
+
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "tests" / "doubles" / "charts"
+CLUSTER_POLICY_REQUIRED = ("daemonsets", "dcgm", "dcgmExporter", "devicePlugin", "driver", "gfd",
+                           "nodeStatusExporter", "operator", "toolkit")
+
+
+def apply_real_crds(api, chart: str, *names: str) -> None:
+    """NVIDIA's CRDs `names` as the chart (or the operator's manifests) at the lab release's tag
+    carry them, applied and established."""
+    upstream = UPSTREAMS[chart]
+    version = str(matrix.load(LAB_RELEASE).model_extra[upstream.component]["chart"]["version"])
+    _, git_dir, tag = source_tree(chart, version, LAB_RELEASE)
+    for name in names:
+        found = real_crd(git_dir, tag, name, upstream.chart_dir)
+        assert found, f"{chart} {tag}: no CRD {name}"
+        api.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(found[1]))
+    api.established(*names)
 
 
 def wait(api, tmp_path, role: str, variables: dict) -> subprocess.CompletedProcess[str]:
@@ -65,12 +86,13 @@ def test_calico_wait_passes_when_available_and_names_the_degraded_component(api,
 
 
 def test_gpu_operator_wait_passes_when_ready_and_names_the_state_otherwise(api, tmp_path):
-    api.kubectl("apply", "--server-side", "-f", str(CRDS / "gpu-operator" / "crds" / "nvidia.com_clusterpolicies.yaml"))
-    api.established("clusterpolicies.nvidia.com")
+    apply_real_crds(api, "gpu-operator", "clusterpolicies.nvidia.com")
     api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace",
                                                        "metadata": {"name": "gpu-operator"}}))
     api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-                                                       "metadata": {"name": "cluster-policy"}, "spec": {}}))
+                                                       "metadata": {"name": "cluster-policy"},
+                                                       # the sections NVIDIA's CRD requires
+                                                       "spec": dict.fromkeys(CLUSTER_POLICY_REQUIRED, {})}))
     variables = {"gpu_operator_kubeconfig": str(api.kubeconfig), "gpu_operator_ready_timeout": 5,
                  # gpuboot_gpu's shape: every node carries its labels (none asks for a MIG layout here)
                  "gpu_operator_plan": {"nodes": {"gpu01": {"labels": {}}, "gpu02": {"labels": {}}}}}
@@ -169,10 +191,8 @@ def test_gpu_operator_wait_passes_when_ready_and_names_the_state_otherwise(api, 
 
 
 def test_network_operator_wait_needs_the_policy_ready_and_every_fabric_node_s_vfs(api, tmp_path):
-    crds = CRDS / "network-operator" / "crds"
-    for name in ("mellanox.com_nicclusterpolicies.yaml", "sriovnetwork.openshift.io_sriovnetworknodestates.yaml"):
-        api.kubectl("apply", "--server-side", "-f", str(crds / name))
-    api.established("nicclusterpolicies.mellanox.com", "sriovnetworknodestates.sriovnetwork.openshift.io")
+    apply_real_crds(api, "network-operator", "nicclusterpolicies.mellanox.com",
+                    "sriovnetworknodestates.sriovnetwork.openshift.io")
     api.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace",
                                                        "metadata": {"name": "nvidia-network-operator"}}))
     # Cluster-scoped in a shared API server: applied as gpuboot applies it, deleted at the end.

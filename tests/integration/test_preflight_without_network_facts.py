@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpuboot.config.loader import load_cluster
 
@@ -23,15 +25,15 @@ ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = ROOT / "tests" / "gpu" / "inventory" / "hosts.ini"
 
 
-def preflight(tmp_path: Path, *hosts: str, wrap: list[str] = ()) -> tuple[int, str]:
-    """The real preflight playbook on `hosts` of INVENTORY, each over a local connection to
+def preflight(tmp_path: Path, *hosts: str, wrap: list[str] = (), inventory: Path = INVENTORY) -> tuple[int, str]:
+    """The real preflight playbook on `hosts` of `inventory`, each over a local connection to
     this machine, with gpuboot's extra variables; its return code and output."""
     extravars = tmp_path / "extravars.json"
-    extravars.write_text(json.dumps(load_cluster(INVENTORY).extravars()))
+    extravars.write_text(json.dumps(load_cluster(inventory).extravars()))
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
                ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
                ANSIBLE_PYTHON_INTERPRETER=sys.executable)
-    playbook = [sys.executable, "-m", "ansible.cli.playbook", "-i", str(INVENTORY), "-l", ",".join(hosts), "-c", "local",
+    playbook = [sys.executable, "-m", "ansible.cli.playbook", "-i", str(inventory), "-l", ",".join(hosts), "-c", "local",
                 "-e", f"@{extravars}", str(ROOT / "playbooks" / "preflight.yml")]
     proc = subprocess.run([*wrap, *playbook], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
@@ -68,3 +70,40 @@ def test_preflight_names_every_node_that_shares_a_machine_id_or_host_name(tmp_pa
     for host, others in (("cp1", "gpu1, gpu2"), ("gpu1", "cp1, gpu2"), ("gpu2", "cp1, gpu1")):
         assert f"{host}: machine-id {machine_id} is also on {others} (a cloned image?)" in out, out
         assert f"{host}: host name {name} is also used by {others};" in out, out
+
+
+def test_preflight_refuses_a_doca_driver_pool_of_two_architectures(tmp_path):
+    """NVIDIA's Network Operator (v26.4.1, pkg/nodeinfo: GetNodePools) pools the nodes of its
+    DOCA driver container by OS and kernel only, and the pool's DaemonSet pulls the image of
+    the first node's architecture: two fabric nodes of one OS and kernel on two architectures
+    cannot both be served (found by the real operator in test_real_network_operator.py).
+    Preflight names both, before anything is installed. Here both hosts are this machine, one
+    declared aarch64 through the role's input, as its fact would say on an Arm server."""
+    inventory = tmp_path / "inventory"
+    shutil.copytree(INVENTORY.parent, inventory)
+    settings = yaml.safe_load((inventory / "group_vars" / "all.yml").read_text())
+    settings["gpuboot"]["node_os"]["architectures"] = ["amd64", "arm64"]
+    (inventory / "group_vars" / "all.yml").write_text(yaml.safe_dump(settings))
+    roce = [{"name": "roce", "pf_names": ["ens1f0np0"], "resource_name": "rdma/roce_shared"}]
+    for host in ("gpu1", "gpu2"):
+        path = inventory / "host_vars" / f"{host}.yml"
+        data = yaml.safe_load(path.read_text())
+        data["gpuboot_node"]["nics"] = roce
+        if host == "gpu2":
+            data["preflight_architecture"] = "aarch64"
+        path.write_text(yaml.safe_dump(data))
+    returncode, out = preflight(tmp_path, "gpu1", "gpu2", inventory=inventory / "hosts.ini")
+    assert returncode != 0, out
+    said = " ".join(out.split())
+    pool = rf"\S+ {re.escape(os.uname().release)}"  # the OS as gpuboot names it, and the running kernel
+    assert re.search(rf"gpu1: DOCA driver: this node \(x86_64\) runs {pool} as gpu2 on another architecture do; "
+                     r"NVIDIA's Network Operator pools", said), said[-4000:]
+    assert re.search(rf"gpu2: DOCA driver: this node \(aarch64\) runs {pool} as gpu1 on another architecture do", said)
+    assert "gpuboot.network_operator.driver: host" in said
+
+    # One architecture: no such problem (the others the hosts have stay).
+    (inventory / "host_vars" / "gpu2.yml").write_text(yaml.safe_dump(
+        {k: v for k, v in yaml.safe_load((inventory / "host_vars" / "gpu2.yml").read_text()).items()
+         if k != "preflight_architecture"}))
+    returncode, out = preflight(tmp_path, "gpu1", "gpu2", inventory=inventory / "hosts.ini")
+    assert "DOCA driver:" not in out, out[-4000:]

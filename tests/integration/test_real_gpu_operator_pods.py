@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -50,7 +51,6 @@ from tests.doubles.kubelet_double import (
 )
 from tests.integration.test_addon_objects_dry_run import render_through_real_chart
 from tests.integration.test_addon_waits import wait as addon_wait
-from tests.integration.test_gpu_driver_upgrade import follow
 from tests.integration.test_real_gpu_operator import gpu_nodes, operator_image, start_operator  # noqa: F401
 from tests.support.apiserver import ApiServer
 from tests.support.modules import load_module
@@ -118,6 +118,36 @@ class StateWatch(Background):
             if all(n in now for n in self.nodes):
                 self._listed.set()
             self.most_in_flight = max(self.most_in_flight, sum(s in WALK[1:-1] for s in now.values()))
+
+
+RESUME = "gpuboot upgrade inventory.yml --to k8s-1.37 --resume"
+
+
+def follow(api: ApiServer, tmp_path: Path, namespace: str, nodes: dict[str, str],
+           timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    """The phase's wait, as playbooks/upgrade_gpu_driver.yml runs it (its task and arguments read
+    from the playbook), in the real ansible-playbook with the real kubectl; its report is kept
+    in followed.json."""
+    phase = yaml.safe_load((ROOT / "playbooks" / "upgrade_gpu_driver.yml").read_text())
+    block = next(t for t in phase[0]["tasks"] if "block" in t)["block"]
+    task = next(t for t in block if "gpuboot_driver_upgrade" in t)
+    args = {**task["gpuboot_driver_upgrade"], "kubeconfig": str(api.kubeconfig), "namespace": namespace,
+            "nodes": nodes, "timeout": timeout, "poll": 1, "resume": RESUME}
+    playbook = tmp_path / "follow.yml"
+    playbook.write_text(yaml.safe_dump([{"name": "follow", "hosts": "localhost", "gather_facts": False,
+                                         "tasks": [{"name": task["name"], "gpuboot_driver_upgrade": args,
+                                                    "register": "followed"},
+                                                   {"name": "keep", "ansible.builtin.copy": {
+                                                       "content": "{{ followed | to_json }}",
+                                                       "dest": str(tmp_path / "followed.json"), "mode": "0600"}}]}]))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_LIBRARY=str(ROOT / "playbooks" / "library"),
+               ANSIBLE_MODULE_UTILS=str(ROOT / "playbooks" / "module_utils"), ANSIBLE_NOCOLOR="1",
+               PATH=f"{api.bin_dir}:{os.environ['PATH']}",
+               # ansible.cfg's fact cache path is relative to the file, not to the working directory.
+               ANSIBLE_CACHE_PLUGIN="memory")
+    return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", json.dumps({"ansible_python_interpreter": sys.executable}), str(playbook)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout + 120)
 
 
 @pytest.fixture(scope="module")
@@ -293,10 +323,15 @@ def test_the_real_upgrade_controller_moves_every_driver_and_the_phase_follows_it
         owned = gpuboot_fields(api, name)
         assert "f:unschedulable" not in owned and STATE not in owned, owned
     assert pods[held]["spec"]["containers"][0]["image"] == old_image, "the held node keeps its driver"
+    # A node on the host's own driver: the operator deploys it none, and the phase waits for none.
+    host_driver = sorted(set(cluster.gpu_plan.nodes) - set(built))
+    assert not set(host_driver) & set(pods) and not set(host_driver) & set(report["nodes"]), host_driver
     # NVIDIA's controller marks the held node upgrade-required and leaves it there, uncordoned.
     assert watch.history[held] == ["upgrade-done", "upgrade-required"], watch.history[held]
     assert not nodes[held]["spec"].get("unschedulable")
     assert report["left_alone"] == [held], report
+    assert report["nodes"][held]["said"] == f"skipped ({SKIP}=true): keeps driver {image_tag(pods[held])}", \
+        report["nodes"][held]
     # No more nodes at once than gpuboot's maxParallelUpgrades, which it renders on the
     # ClusterPolicy and on each NVIDIADriver (the controller reads an NVIDIADriver's own policy
     # on mixed driver kinds; the release pins operator v26.7.0, whose CRD has the field).
@@ -323,6 +358,7 @@ def test_a_driver_that_cannot_load_stops_the_phase_naming_the_node(operator_lab,
     failed = [name for name in wanted if f"{name}: {STATE}=upgrade-failed" in said]
     assert failed, said[-4000:]
     assert "driver pod nvidia-driver-daemonset-" in said and "CrashLoopBackOff" in said, said[-4000:]
+    assert RESUME in said and "upgrade-required to retry" in said, said[-4000:]
     node = json.loads(api.kubectl("get", "node", failed[0], "-o", "json").stdout)
     assert node["metadata"]["labels"][STATE] == "upgrade-failed"
     assert node["spec"].get("unschedulable") is True, "the operator leaves the failed node cordoned"

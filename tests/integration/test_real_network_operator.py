@@ -38,6 +38,7 @@ import yaml
 from gpuboot.mirror.plan import Target, build
 from gpuboot.mirror.serve import ServeSpec, start
 from gpuboot.net import free_port
+from tests.cli.test_network_renders import nic_only, shared_networks
 from tests.doubles.kubelet_double import untainted_node
 from tests.integration import test_real_gpu_operator
 from tests.integration.test_addon_objects_dry_run import ThroughRealChart, render_through_real_chart
@@ -49,9 +50,16 @@ from tests.support.oci_layout import busybox_binaries, push, write_layout
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = {"sample": ROOT / "inventories" / "sample" / "inventory.yml",
-         "mixed-fleet": ROOT / "tests" / "fixtures" / "mixed-fleet" / "hosts.ini",
-         "rdma_present": ROOT / "tests" / "corpus" / "gpu" / "rdma_present" / "inventory.yml"}
+# Each makes its inventory in the folder it is given: the sample, the mixed NIC fleet (INI with
+# host ranges and group_vars/), the GPU case with RDMA, RDMA shared ports only on two
+# architectures, and fabric NICs without a GPU node (the chart's own NFD).
+CASES: dict[str, Callable[[Path], Path]] = {
+    "sample": lambda tmp: ROOT / "inventories" / "sample" / "inventory.yml",
+    "mixed-fleet": lambda tmp: ROOT / "tests" / "fixtures" / "mixed-fleet" / "hosts.ini",
+    "rdma_present": lambda tmp: ROOT / "tests" / "corpus" / "gpu" / "rdma_present" / "inventory.yml",
+    "shared-networks": shared_networks,
+    "nic-only": nic_only,
+}
 # What the plan lists for the component that this operator does not deploy: the chart runs the
 # operator, its own NFD (on a cluster without GPU nodes) and the SR-IOV operator, the SR-IOV operator runs its config daemon (whose init
 # containers copy the CNI plugins) and device plugin, and the bandwidth test is gpuboot's.
@@ -72,10 +80,12 @@ def operator_image(tmp_path_factory) -> tuple[Path, Path]:
     return bin_dir / "manager", root
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def registry(tmp_path_factory):
     """A real registry on loopback (plain HTTP, which the operator's registry client uses for
-    a loopback host) standing for the mirror."""
+    a loopback host) standing for the mirror, one per case: it holds exactly the case's planned
+    DOCA tags (the operator prefers a precompiled tag for the node's kernel wherever one is
+    listed, so another case's would be taken)."""
     root = tmp_path_factory.mktemp("doca-mirror")
     write_layout(root / "layout", "doca", busybox_binaries(IMAGE_CACHE), "doca-driver")
     running = start(ServeSpec(root / "registry", f"127.0.0.1:{free_port()}", tls=False))
@@ -84,16 +94,36 @@ def registry(tmp_path_factory):
 
 
 def fabric_nodes(cluster) -> dict[str, dict[str, str]]:
-    """Each fabric node (the NIC plan's) and the labels NFD would give it."""
+    """Each fabric node (the NIC plan's) and the labels NFD and the kubelet would give it. The
+    kernels the inventory names are spread over the nodes, and the architectures over the DOCA
+    driver's pools (OS and kernel): the operator gives a pool one architecture's image, so
+    preflight refuses a pool of two (roles/preflight), and a fleet here has none."""
     settings = cluster.settings
     kernels = list(settings.node_os.kernels if settings.node_os else [])
-    found = {}
+    architectures = list(settings.node_os.architectures if settings.node_os else ["amd64"])
+    found, pools = {}, []
     for index, name in enumerate(sorted(cluster.nic_plan.node_labels())):
         node = next(n for n in cluster.cluster_nodes if n.name == name)
         os_id = node.settings.os or settings.node_os.id
         kernel = node.settings.kernel or kernels[index % len(kernels)]
-        found[name] = nfd_labels(os_id, kernel, pci_vendor="15b3")
+        pools += [(os_id, kernel)] if (os_id, kernel) not in pools else []
+        found[name] = {**nfd_labels(os_id, kernel, pci_vendor="15b3"),
+                       "kubernetes.io/arch": architectures[pools.index((os_id, kernel)) % len(architectures)]}
     return found
+
+
+def doca_tags_without_a_node(planned: set[str], fabric: dict[str, dict[str, str]], version: str) -> set[str]:
+    """The planned DOCA driver images no fabric node here could take: the plan lists each kernel
+    for each architecture of the fleet (it cannot know which node runs which); the nodes made
+    here run some of those pairs. A tag is <version>-<os tag>-<arch>, or precompiled
+    <version>-<kernel>-<os tag>-<arch>."""
+    servable = set()
+    for labels in fabric.values():
+        os_tag = labels["feature.node.kubernetes.io/system-os_release.ID"] + \
+            labels["feature.node.kubernetes.io/system-os_release.VERSION_ID"]
+        kernel, arch = labels["feature.node.kubernetes.io/kernel-version.full"], labels["kubernetes.io/arch"]
+        servable |= {f"{version}-{os_tag}-{arch}", f"{version}-{kernel}-{os_tag}-{arch}"}
+    return {ref for ref in planned if "/doca-driver:" in ref and ref.rsplit(":", 1)[1] not in servable}
 
 
 def chart_env(objects: list[dict], name: str) -> dict[str, str]:
@@ -221,7 +251,7 @@ def operator_env(applied: AppliedAsThePhase, image_root: Path, api: ApiServer) -
 def test_the_real_network_operator_deploys_what_the_mirror_plan_lists(case, operator_image, registry, api, helm,
                                                                       tmp_path):
     binary, image_root = operator_image
-    applied = apply_as_the_phase(CASES[case], api, helm, tmp_path, registry, untainted_node)
+    applied = apply_as_the_phase(CASES[case](tmp_path / "inventory"), api, helm, tmp_path, registry, untainted_node)
     rendered, fabric, others, planned = applied.rendered, applied.fabric, applied.others, applied.planned
     release, namespace = rendered.release, rendered.namespace
     listen = applied.registry
@@ -237,7 +267,8 @@ def test_the_real_network_operator_deploys_what_the_mirror_plan_lists(case, oper
     unplanned = sorted(f"{image} ({', '.join(sorted(seen[image]))})" for image, name in upstream.items()
                        if name not in planned)
     assert not unplanned, f"{case}: NVIDIA's Network Operator deploys images the mirror plan lacks: {unplanned}"
-    never = sorted(operands - set(upstream.values()))
+    unservable = doca_tags_without_a_node(planned, fabric, str(release.network_operator["doca_driver_version"]))
+    never = sorted(operands - unservable - set(upstream.values()))
     assert not never, f"{case}: the plan lists images the Network Operator never deployed: {never}"
 
     # Nodes as they stand once their DOCA driver is up: the operator then sets the wait label
@@ -262,4 +293,5 @@ def test_the_real_network_operator_deploys_what_the_mirror_plan_lists(case, oper
         missed = sorted(set(fabric) - on)
         assert not missed, (f"{case}: no DaemonSet of {'/'.join(operand)} runs on fabric nodes {missed}: "
                             f"{placement[operand]}; {missed[0]} has {nodes[missed[0]]}")
-    print(f"{case}: {len(workloads)} workloads, {len(seen)} images, all planned; fabric {sorted(fabric)}")
+    print(f"{case}: {len(workloads)} workloads, {len(seen)} images, all planned; fabric {sorted(fabric)}; "
+          f"DOCA tags planned for kernel and architecture pairs no node here runs: {sorted(unservable)}")

@@ -1,9 +1,9 @@
-"""TEST DOUBLES of the add-ons' charts and images, added to a lab bundle so that they enter the
-lab's air-gapped mirror exactly as `gpuboot mirror import` brings the real ones in.
+"""TEST DOUBLES of the add-ons' charts and images.
 
-- Charts: the double charts under tests/doubles/charts, packaged by the real helm at the
-  release matrix's chart version and stored as Helm stores a chart in a registry.
-- Images: every image the mirror plan lists for the cluster's GPU Operator and for validate,
+- Charts: the double charts under tests/doubles/charts (Calico's and Argo CD's), packaged by
+  the real helm at the release matrix's chart version.
+- Images, added to a lab bundle so that they enter the lab's air-gapped mirror exactly as
+  `gpuboot mirror import` brings the real ones in: every image the mirror plan lists for the cluster's GPU Operator and for validate,
   each a double (Debian's static busybox, `sleep` as entrypoint, a `nvidia-smi` that says it
   is a double, and an `agnhost` whose netexec serves HTTP and whose connect dials it), except
   those the lab bundle already holds for real (agnhost, built from Kubernetes' source).
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import yaml
@@ -22,8 +21,6 @@ from gpuboot import matrix
 from gpuboot.config.loader import load_cluster
 from gpuboot.mirror import plan as mirror_plan
 from gpuboot.mirror.bundle import Artifact, Bundle
-from gpuboot.mirror.plan import PlannedChart
-from gpuboot.mirror.pull import chart_artifact
 from gpuboot_lab.artifacts import image_artifact, layer_tar
 from tests.support.chart_versions import schema_at
 from tests.support.mirror_fixture import IMAGE_CACHE
@@ -95,9 +92,10 @@ def package_chart(helm: Path, name: str, version: str, out: Path) -> bytes:
     return next(out.glob(f"{name}-*.tgz")).read_bytes()
 
 
-def add_to_bundle(bundle_dir: Path, inventory: Path, helm: Path, components: tuple[str, ...] = ("gpu_operator", "validate")
+def add_to_bundle(bundle_dir: Path, inventory: Path, components: tuple[str, ...] = ("gpu_operator", "validate")
                   ) -> list[str]:
-    """Add the double charts and images of `components` to the bundle; return the image refs."""
+    """Add a double of every image the mirror plan lists for `components` to the bundle (the
+    charts are the real ones, tests/support/upstream_charts.py); return the image refs."""
     cluster = load_cluster(inventory)
     release = matrix.load(cluster.settings.release)
     plan = mirror_plan.build(release, mirror_plan.Target.of(cluster, release)).only(components)
@@ -106,11 +104,6 @@ def add_to_bundle(bundle_dir: Path, inventory: Path, helm: Path, components: tup
     busybox = busybox_binaries(IMAGE_CACHE)["amd64"]
     present = {a.ref for a in artifacts}  # real ones the lab built (agnhost) win over doubles
     added = [double_image(bundle, str(image.ref), busybox) for image in plan.images if str(image.ref) not in present]
-    with tempfile.TemporaryDirectory() as tmp:
-        for chart in plan.charts:
-            archive = package_chart(helm, chart.name, chart.version, Path(tmp))
-            added.append(chart_artifact(bundle, PlannedChart(chart.component, chart.repository, chart.name,
-                                                             chart.version), archive))
     known = {a.ref for a in added}
     bundle.write_manifest(name, [a for a in artifacts if a.ref not in known] + added)
-    return [a.ref for a in added if a.kind == "image"]
+    return [a.ref for a in added]

@@ -1,6 +1,6 @@
 """NVIDIA's operators made real in a kubernetes-flavour lab's bundle (tests/support/addon_lab.py):
-doubles first for every image and chart the mirror plan lists for the component (and validate),
-then the real chart at the tag the release pins, packaged by the real helm from the source tree
+doubles first for every image the mirror plan lists for the component (and validate), then the
+real chart at the tag the release pins, packaged by the real helm from the source tree
 on this machine, and the images built from source (with the hardware's TEST DOUBLES) over them.
 An image the plan missed is in neither, so the lab cannot pull it."""
 from __future__ import annotations
@@ -12,8 +12,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuboot import matrix
+from gpuboot.config.loader import load_cluster
 from gpuboot.mirror.bundle import Artifact, Bundle
-from gpuboot.mirror.plan import PlannedChart
+from gpuboot.mirror.plan import PlannedChart, Target, build
 from gpuboot.mirror.pull import chart_artifact
 from tests.integration.test_double_schemas_vs_real_charts import source_tree
 from tests.support.addon_doubles import add_to_bundle
@@ -35,16 +37,20 @@ def packaged(helm: Path, chart: str, version: str, release_name: str, into: Path
 
 def into_bundle(node_lab, release_name: str, component: str, chart: str, version: str,
                 real_images: Callable[[Bundle, list[str]], list[Artifact]]) -> list[str]:
-    """The bundle's `component` made real: its planned doubles, then the real chart and
-    `real_images(bundle, planned image refs)` over them. Returns every planned image ref."""
-    images = add_to_bundle(node_lab.bundle, node_lab.inventory, node_lab.helm, components=(component, "validate"))
+    """The bundle's `component` made real: a double of every image the plan lists for it (and
+    validate), then the real chart and `real_images(bundle, planned image refs)` over them.
+    Returns every planned image ref."""
+    images = add_to_bundle(node_lab.bundle, node_lab.inventory, components=(component, "validate"))
+    cluster = load_cluster(node_lab.inventory)
+    release = matrix.load(cluster.settings.release)
+    planned = next(c for c in build(release, Target.of(cluster, release)).only({component}).charts if c.name == chart)
+    assert str(planned.version) == str(version), (planned, version)
     bundle = Bundle(node_lab.bundle)
     name, artifacts = bundle.read_manifest()
-    planned = next(a for a in artifacts if a.kind == "chart" and chart in a.ref)
     with tempfile.TemporaryDirectory() as tmp:
         archive = packaged(node_lab.helm, chart, version, release_name, Path(tmp))
-    real = [chart_artifact(bundle, PlannedChart(component, planned.ref.split("(")[-1].rstrip(")"), chart, version),
-                           archive), *real_images(bundle, images)]
+    real = [chart_artifact(bundle, PlannedChart(component, planned.repository, chart, version), archive),
+            *real_images(bundle, images)]
     replaced = {a.ref for a in real}
     bundle.write_manifest(name, [a for a in artifacts if a.ref not in replaced] + real)
     return images

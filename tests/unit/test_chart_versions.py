@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest
 
 from tests.support.chart_versions import SINCE, schema_at, version_tuple
 
-GPU_OPERATOR = json.loads((Path(__file__).resolve().parents[1] / "doubles" / "charts" / "gpu-operator"
-                           / "values.schema.json").read_text())
+# A values schema with a key the chart gained at v26.3.0 (the GPU Operator's cdi.nriPluginEnabled).
+GPU_OPERATOR = {"type": "object", "additionalProperties": False, "properties": {
+    "cdi": {"type": "object", "additionalProperties": False, "properties": {
+        "enabled": {"type": "boolean"}, "nriPluginEnabled": {"type": "boolean", SINCE: "v26.3.0"}}}}}
 
 
 def test_a_key_newer_than_the_version_is_refused_and_older_or_equal_accepted():

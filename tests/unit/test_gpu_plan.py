@@ -6,10 +6,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpuboot import gpus
 from gpuboot.config.loader import load_cluster
 from gpuboot.errors import InventoryError
+from gpuboot.gpu_plan import DRIVER_KIND_LABEL
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "inventories" / "sample" / "inventory.yml"
@@ -180,3 +182,26 @@ def test_a_node_without_a_declared_count_leaves_the_count_to_discovery(tmp_path)
     assert data["plain"]["per_gpu"] == {"nvidia.com/gpu": 1}
     assert data["counted"]["per_gpu"] is None and data["counted"]["resources"] == {"nvidia.com/gpu": 2}
     assert plan.offered() is None  # the tenants' quotas cannot be held against an unknown count
+
+
+def test_nodes_of_two_os_releases_take_nvidiadriver_objects_even_of_one_kind(tmp_path):
+    """NVIDIA's ClusterPolicy gives every node the OS tag of the first GPU node it lists (found by
+    the real operator in the lab: a 22.04 node's precompiled DaemonSet named a 24.04 image), so a
+    fleet of two OS releases needs the NVIDIADriver objects, which pool nodes by OS and kernel.
+    A node on the host's own driver does not count: the operator deploys it none."""
+    two_os = load_cluster(ROOT / "tests" / "corpus" / "gpu" / "precompiled_per_kernel" / "inventory.yml").gpu_plan
+    assert two_os.driver_kinds == ["precompiled"] and two_os.mixed_drivers
+    assert {n.labels(True).get(DRIVER_KIND_LABEL) for n in two_os.nodes.values()} == {"precompiled"}
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump({"all": {
+        "vars": {"gpuboot": {"cluster_name": "c", "release": "k8s-1.36", "control_plane": {"vip": "10.0.0.10"},
+                             "node_os": {"id": "ubuntu-22.04", "kernels": ["5.15.0-1048-nvidia"]}}},
+        "children": {"control_plane": {"hosts": {"cp1": None}},
+                     "workers": {"children": {"gpu_workers": {"hosts": {
+                         "g1": {"gpuboot_node": {"gpu": {"model": "H100-SXM5-80GB", "count": 8}}},
+                         "g2": {"gpuboot_node": {"os": "ubuntu-24.04", "kernel": "6.8.0-1021-nvidia",
+                                                 "gpu": {"model": "H100-SXM5-80GB", "count": 8,
+                                                         "driver": "preinstalled"}}}}}}}}}}))
+    one_os = load_cluster(path).gpu_plan
+    assert one_os.driver_kinds == ["container"] and not one_os.mixed_drivers
+    assert DRIVER_KIND_LABEL not in one_os.nodes["g1"].labels(one_os.mixed_drivers)

@@ -67,7 +67,7 @@ def test_a_scenario_key_follows_the_doubles_it_names_and_no_other(content_copy):
     changed = molecule.scenario_key("kubeadm_join", IMAGE)
     assert changed != join
     assert molecule.scenario_key("os_prep", IMAGE) == prep
-    edit(copy / "tests" / "doubles" / "gpu_operator" / "upgrade.py", "a double no scenario names")
+    edit(copy / "tests" / "doubles" / "kubelet_double.py", "a double no scenario names")
     assert molecule.scenario_key("kubeadm_join", IMAGE) == changed
     assert molecule.scenario_key("os_prep", IMAGE) == prep
 

@@ -1,4 +1,0 @@
-{{/* TEST DOUBLE: an operand's image as the real chart composes it: repository/image:version. */}}
-{{- define "double.image" -}}
-{{ .repository }}/{{ .image }}:{{ .version }}
-{{- end -}}
