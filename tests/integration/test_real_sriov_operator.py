@@ -179,7 +179,7 @@ def images_in(api: ApiServer, namespace: str) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_real_sriov_operator_takes_gpubootss_policies_as_planned(case, operator, api, helm, tmp_path):
-    rendered = render_through_real_chart(CASES[case], "network-operator", "network_operator", helm, tmp_path)
+    rendered = render_through_real_chart(CASES[case](tmp_path / "inventory"), "network-operator", "network_operator", helm, tmp_path)
     cluster, release, addon, namespace, objects = (rendered.cluster, rendered.release, rendered.addon,
                                                    rendered.namespace, rendered.objects)
     plan = cluster.nic_plan.as_data()
