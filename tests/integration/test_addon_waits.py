@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuboot import matrix
 from gpuboot_lab import LAB_RELEASE
-from tests.integration.test_double_schemas_vs_real_charts import UPSTREAMS, real_crd, source_tree
+from tests.integration.test_double_schemas_vs_real_charts import UPSTREAMS, lab_chart_version, real_crd, source_tree
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -36,8 +35,7 @@ def apply_real_crds(api, chart: str, *names: str) -> None:
     """NVIDIA's CRDs `names` as the chart (or the operator's manifests) at the lab release's tag
     carry them, applied and established."""
     upstream = UPSTREAMS[chart]
-    version = str(matrix.load(LAB_RELEASE).model_extra[upstream.component]["chart"]["version"])
-    _, git_dir, tag = source_tree(chart, version, LAB_RELEASE)
+    _, git_dir, tag = source_tree(chart, lab_chart_version(chart), LAB_RELEASE)
     for name in names:
         found = real_crd(git_dir, tag, name, upstream.chart_dir)
         assert found, f"{chart} {tag}: no CRD {name}"
